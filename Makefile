@@ -1,0 +1,40 @@
+# gpu-serving: everything runs from ./venv, which these targets create from the pinned requirements.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := venv
+PY := $(VENV)/bin/python
+STACK ?= prod
+STAMP := $(VENV)/.installed
+
+.PHONY: help venv render test test-vm lint policy-check clean
+
+help:
+	@echo "make render [STACK=prod]   render the stack offline into rendered/<stack>/"
+	@echo "make test                  run the test suite (creates ./venv on first use)"
+	@echo "make test-vm               run the node scripts on a throwaway qemu VM (slow)"
+	@echo "make lint                  ruff, shellcheck, yamllint"
+	@echo "make policy-check FILES=…  check plain Kubernetes YAML with the policy pack"
+
+venv: $(STAMP)
+
+$(STAMP): requirements.txt requirements-dev.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
+	touch $@
+
+render: $(STAMP)
+	$(PY) -m tools.render $(STACK)
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+test-vm: $(STAMP)
+	bash tests/vm/install-host-deps.sh
+	GS_VM_TESTS=1 $(PY) -m pytest -q tests/vm
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/yamllint -s Pulumi.yaml Pulumi.*.yaml
+
+clean:
+	rm -rf rendered .pytest_cache

@@ -1,0 +1,141 @@
+"""ModelStorage: the PersistentVolume and claim that hold model files for every vLLM pod."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from stacks.config import ClassStorage, LocalStorage, NfsStorage
+
+LABELS = {"app.kubernetes.io/part-of": "gpu-serving", "app.kubernetes.io/component": "model-storage"}
+
+
+@dataclass(frozen=True)
+class ModelStorageArgs:
+    storage: LocalStorage | NfsStorage | ClassStorage
+    namespace: str
+    capacity_gib: int
+    """Derived from the partition for local storage (`stacks.config.usable_gib`), never typed by hand."""
+    mountpoint: str | None = None
+    """The node's RAID mountpoint; required for local storage."""
+    ready: list[pulumi.Resource] = field(default_factory=list)
+    """Resources that must exist first, e.g. the node step that mounts the array."""
+
+
+def access_mode(storage: LocalStorage | NfsStorage | ClassStorage) -> str:
+    return "ReadWriteOnce" if storage.type == "local" else "ReadWriteMany"
+
+
+def pv_name(namespace: str, name: str) -> str:
+    # PersistentVolumes are cluster-scoped: prefix the namespace so two stacks never collide.
+    return f"{namespace}-{name}"
+
+
+def persistent_volume_spec(args: ModelStorageArgs) -> k8s.core.v1.PersistentVolumeSpecArgs | None:
+    """The static PV for local and NFS storage; None when a storage class provisions it."""
+    storage = args.storage
+    common = dict(
+        capacity={"storage": f"{args.capacity_gib}Gi"},
+        access_modes=[access_mode(storage)],
+        # Retain: deleting the claim (or the stack) leaves the volume, and so the model files.
+        persistent_volume_reclaim_policy="Retain",
+        storage_class_name="",
+        claim_ref=k8s.core.v1.ObjectReferenceArgs(namespace=args.namespace, name=storage.name),
+        volume_mode="Filesystem",
+    )
+    if storage.type == "local":
+        if not args.mountpoint:
+            raise ValueError("local model storage needs the node's mountpoint")
+        return k8s.core.v1.PersistentVolumeSpecArgs(
+            **common,
+            local=k8s.core.v1.LocalVolumeSourceArgs(path=args.mountpoint),
+            node_affinity=k8s.core.v1.VolumeNodeAffinityArgs(
+                required=k8s.core.v1.NodeSelectorArgs(
+                    node_selector_terms=[
+                        k8s.core.v1.NodeSelectorTermArgs(
+                            match_expressions=[
+                                k8s.core.v1.NodeSelectorRequirementArgs(
+                                    key="kubernetes.io/hostname", operator="In", values=[storage.node]
+                                )
+                            ]
+                        )
+                    ]
+                )
+            ),
+        )
+    if storage.type == "nfs":
+        return k8s.core.v1.PersistentVolumeSpecArgs(
+            **common,
+            nfs=k8s.core.v1.NFSVolumeSourceArgs(server=storage.server, path=storage.path),
+            mount_options=["nfsvers=4.1", "hard", "noatime"],
+        )
+    return None
+
+
+def claim_spec(args: ModelStorageArgs) -> k8s.core.v1.PersistentVolumeClaimSpecArgs:
+    storage = args.storage
+    static = storage.type != "storageClass"
+    return k8s.core.v1.PersistentVolumeClaimSpecArgs(
+        access_modes=[access_mode(storage)],
+        resources=k8s.core.v1.VolumeResourceRequirementsArgs(requests={"storage": f"{args.capacity_gib}Gi"}),
+        # A static PV is bound by name ("" = no dynamic provisioning); otherwise the class provisions one.
+        storage_class_name="" if static else storage.storage_class,
+        volume_name=pv_name(args.namespace, storage.name) if static else None,
+        volume_mode="Filesystem",
+    )
+
+
+class ModelStorage(pulumi.ComponentResource):
+    """A volume for model files that outlives the stack: reclaim policy Retain, and the PV
+    and claim are retained on delete, so `pulumi destroy` never removes model files."""
+
+    claim_name: pulumi.Output[str]
+    """Name of the PersistentVolumeClaim that model pods mount."""
+    volume_name: pulumi.Output[str]
+    """Name of the PersistentVolume (empty when a storage class provisions it)."""
+    capacity: pulumi.Output[str]
+    """Declared capacity, e.g. `912Gi`."""
+    access_mode: pulumi.Output[str]
+
+    def __init__(self, name: str, args: ModelStorageArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("gpu-serving:storage:ModelStorage", name, None, opts)
+        storage = args.storage
+        keep = pulumi.ResourceOptions(parent=self, retain_on_delete=True)
+
+        spec = persistent_volume_spec(args)
+        volume = None
+        if spec is not None:
+            volume = k8s.core.v1.PersistentVolume(
+                f"{name}-pv",
+                metadata=k8s.meta.v1.ObjectMetaArgs(name=pv_name(args.namespace, storage.name), labels=LABELS),
+                spec=spec,
+                opts=pulumi.ResourceOptions.merge(keep, pulumi.ResourceOptions(depends_on=args.ready)),
+            )
+        claim = k8s.core.v1.PersistentVolumeClaim(
+            f"{name}-pvc",
+            metadata=k8s.meta.v1.ObjectMetaArgs(name=storage.name, namespace=args.namespace, labels=LABELS),
+            spec=claim_spec(args),
+            opts=pulumi.ResourceOptions.merge(
+                keep,
+                pulumi.ResourceOptions(
+                    depends_on=[volume] if volume else args.ready,
+                    # A claim waits for its first consumer on many classes; don't block `pulumi up` on it.
+                    custom_timeouts=pulumi.CustomTimeouts(create="15m"),
+                ),
+            ),
+        )
+
+        self.claim_name = claim.metadata.apply(lambda m: m.name)
+        self.volume_name = pulumi.Output.from_input(pv_name(args.namespace, storage.name) if volume else "")
+        self.capacity = pulumi.Output.from_input(f"{args.capacity_gib}Gi")
+        self.access_mode = pulumi.Output.from_input(access_mode(storage))
+        self.register_outputs(
+            {
+                "claimName": self.claim_name,
+                "volumeName": self.volume_name,
+                "capacity": self.capacity,
+                "accessMode": self.access_mode,
+            }
+        )

@@ -1,0 +1,65 @@
+"""Reads the stack's Pulumi config into a validated `StackConfig`, or stops with one clear line."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pulumi
+
+from stacks.config import PROJECT, TOP_LEVEL_KEYS, ConfigError, StackConfig, parse
+
+__all__ = ["ConfigError", "StackConfig", "load", "parse", "read_raw", "secret"]
+
+
+def read_raw(config: pulumi.Config | None = None) -> dict[str, Any]:
+    """The stack's non-secret values, JSON-decoded, including unknown keys of our namespace."""
+    from pulumi.runtime import config as runtime_config
+
+    config = config or pulumi.Config(PROJECT)
+    raw: dict[str, Any] = {}
+    for key in sorted(set(TOP_LEVEL_KEYS) | _namespace_keys()):
+        if runtime_config.is_config_secret(f"{PROJECT}:{key}"):
+            continue  # secrets are read one by one with `secret()`, never as structured config
+        text = config.get(key)
+        if text is None:
+            continue
+        try:
+            raw[key] = json.loads(text)
+        except json.JSONDecodeError:
+            raw[key] = text
+    return raw
+
+
+def load(config: pulumi.Config | None = None) -> StackConfig:
+    """Validate the stack config before any resource is declared.
+
+    A bad config ends the program with `pulumi.RunError`, which Pulumi prints as a single
+    line without a Python traceback.
+    """
+    from pulumi.runtime import config as runtime_config
+
+    try:
+        stack = parse(read_raw(config))
+        for key in stack.secret_keys():
+            if runtime_config.get_config(f"{PROJECT}:{key}") is None:
+                raise ConfigError(f"{key}: secret is not set; run `pulumi config set --secret {key}` (value from stdin)")
+        return stack
+    except ConfigError as exc:
+        raise pulumi.RunError(f"config error: {exc}") from None
+
+
+def secret(name: str) -> pulumi.Output[str]:
+    """A secret config value (`pulumi config set --secret <name>`), kept secret end to end."""
+    return pulumi.Config(PROJECT).require_secret(name)
+
+
+def _namespace_keys() -> set[str]:
+    # Pulumi has no public way to list config keys; unknown keys of our namespace are typos
+    # worth reporting, so look at the same two places `Config.get` reads from.
+    from pulumi.runtime import config as runtime_config
+
+    names = set(runtime_config.CONFIG.get()) | set(runtime_config.get_config_env())
+    prefix = f"{PROJECT}:"
+    return {name[len(prefix):] for name in names if name.startswith(prefix)}
+

@@ -1,0 +1,518 @@
+"""Typed stack configuration: everything a `Pulumi.<stack>.yaml` may choose.
+
+The models below are the one source of truth for keys, types and defaults; the README's
+config reference is written from them. Everything is validated before any resource is
+declared, and every error names the key path the user has to change.
+"""
+
+from __future__ import annotations
+
+import math
+import posixpath
+import re
+from collections import Counter
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic.alias_generators import to_camel
+
+PROJECT = "gpu-serving"
+
+# Kubernetes object names. Services (one per model) need RFC 1035 labels: a letter first.
+DNS_LABEL = r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$"
+DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+# Label values (the GPU product is a node label value).
+LABEL_VALUE = r"^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$"
+# Pulumi config key names of secrets (`pulumi config set --secret <name>`).
+CONFIG_KEY = r"^[A-Za-z][A-Za-z0-9_-]{0,63}$"
+# mdadm array names end up in /dev/md/<name>, udev rules and GPT partition names.
+RAID_NAME = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,30}$"
+# Block devices and mountpoints reach node scripts; they are quoted there, but a path that
+# needs quoting at all is almost always a typo, so refuse it early.
+SAFE_PATH = r"^/[A-Za-z0-9._:+@/-]*$"
+
+PATTERN_HELP = {
+    DNS_LABEL: "a Kubernetes name: lowercase letters, digits and '-', a letter first, at most 63 characters",
+    DNS_SUBDOMAIN: "a Kubernetes node name: lowercase letters, digits, '-' and '.'",
+    LABEL_VALUE: "a label value: letters, digits, '-', '_' and '.', at most 63 characters",
+    CONFIG_KEY: "a Pulumi config key name: a letter, then letters, digits, '_' or '-'",
+    RAID_NAME: "an mdadm array name: letters, digits, '_' and '-', at most 31 characters",
+    SAFE_PATH: "an absolute path of letters, digits and ._:+@/- (no spaces or shell characters)",
+}
+
+K8sName = Annotated[str, StringConstraints(pattern=DNS_LABEL, max_length=63)]
+NodeName = Annotated[str, StringConstraints(pattern=DNS_SUBDOMAIN, max_length=253)]
+LabelValue = Annotated[str, StringConstraints(pattern=LABEL_VALUE, max_length=63)]
+SecretKeyName = Annotated[str, StringConstraints(pattern=CONFIG_KEY)]
+SafePath = Annotated[str, StringConstraints(pattern=SAFE_PATH, max_length=255)]
+
+
+class ConfigError(Exception):
+    """A stack config problem, reported as one line that names the key path."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+        frozen=True,
+        alias_generator=to_camel,
+        populate_by_name=False,
+        strict=False,
+        validate_default=True,
+    )
+
+
+# ---------------------------------------------------------------------------- cluster
+
+
+class Kubeconfig(_Model):
+    """Which cluster the explicit Kubernetes provider talks to. Exactly one source."""
+
+    path: str | None = Field(None, min_length=1, pattern=r"^[^~]")
+    """Kubeconfig file on the machine that runs `pulumi`: absolute, or relative to the project folder."""
+    secret: SecretKeyName | None = None
+    """Name of a secret config key that holds the kubeconfig text."""
+    context: str | None = Field(None, min_length=1)
+    """Context inside the kubeconfig; the file's current context when unset."""
+
+    @model_validator(mode="after")
+    def _one_source(self) -> Kubeconfig:
+        if (self.path is None) == (self.secret is None):
+            raise ValueError("set exactly one of `path` or `secret` (never the ambient default)")
+        return self
+
+
+class GpuTaint(_Model):
+    key: str = Field("nvidia.com/gpu", pattern=r"^([a-z0-9.-]+/)?[A-Za-z0-9._-]+$")
+    value: LabelValue = "true"
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] = "NoSchedule"
+
+
+class DevicePlugin(_Model):
+    enabled: bool = False
+    image: str = "nvcr.io/nvidia/k8s-device-plugin:v0.17.0"
+    namespace: K8sName = "kube-system"
+
+
+class PrometheusAdapter(_Model):
+    """Where the prometheus-adapter rule that turns the vLLM queue gauge into a Pods metric goes."""
+
+    namespace: K8sName = "monitoring"
+    config_map_name: K8sName = "gpu-serving-adapter-rules"
+
+
+class Cluster(_Model):
+    namespace: K8sName = "ai"
+    create_namespace: bool = True
+    kubeconfig: Kubeconfig
+    ingress_class: K8sName = "nginx"
+    cluster_issuer: K8sName | None = None
+    autoscaling: Literal["hpa", "keda", "none"] = "hpa"
+    gpu_taint: GpuTaint = GpuTaint()
+    gpu_product_label: str = Field("nvidia.com/gpu.product", pattern=r"^([a-z0-9.-]+/)?[A-Za-z0-9._-]+$")
+    device_plugin: DevicePlugin = DevicePlugin()
+    prometheus_adapter: PrometheusAdapter = PrometheusAdapter()
+
+
+# ---------------------------------------------------------------------------- nodes
+
+
+class Ssh(_Model):
+    host: str = Field(min_length=1, max_length=253, pattern=r"^[A-Za-z0-9.:_-]+$")
+    port: int = Field(22, ge=1, le=65535)
+    user: str = Field("root", pattern=r"^[a-z_][a-z0-9_-]{0,31}$")
+    private_key_secret: SecretKeyName = "sshPrivateKey"
+    """Secret config key holding the SSH private key (PEM/OpenSSH text)."""
+    host_key_secret: SecretKeyName | None = None
+    """Secret config key holding the node's SSH host public key; unset disables host-key pinning."""
+
+
+class Gpu(_Model):
+    product: LabelValue = Field(min_length=1)
+    """Value of the GPU product node label; models choose nodes by it."""
+    count: int = Field(ge=1, le=64)
+
+
+class NodeStorage(_Model):
+    disks: list[SafePath] = Field(max_length=2)
+    """The two mirror members, whole disks; `/dev/disk/by-id/...` survives reordering. Empty: no disk work."""
+    size_gb: int = Field(1000, ge=1, le=1_000_000)
+    """Partition size on each member, in GB (10^9 bytes)."""
+    raid_name: str = Field("models", pattern=RAID_NAME)
+    """Array name: the array is `/dev/md/<raidName>`, the GPT partitions are named `gs-<raidName>`."""
+    mountpoint: SafePath = "/mnt/models"
+    filesystem: Literal["xfs"] = "xfs"
+    device_timeout_seconds: int = Field(30, ge=1, le=3600)
+    """How long systemd waits for the array at boot before giving up on the (nofail) mount."""
+
+    @field_validator("disks")
+    @classmethod
+    def _two_distinct_disks(cls, disks: list[str]) -> list[str]:
+        if len(disks) not in (0, 2):
+            raise ValueError(f"a RAID1 mirror needs exactly 2 disks (or [] for no disk work), got {len(disks)}")
+        if len(disks) == 2 and disks[0] == disks[1]:
+            raise ValueError(f"the two disks must differ, both are {disks[0]!r}")
+        return disks
+
+    @field_validator("mountpoint")
+    @classmethod
+    def _not_system_dir(cls, mountpoint: str) -> str:
+        normal = posixpath.normpath(mountpoint)
+        if normal != mountpoint.rstrip("/") or normal in SYSTEM_DIRS:
+            raise ValueError(f"{mountpoint!r} is a system directory or not a normalised path; use e.g. /mnt/models")
+        return normal
+
+    @property
+    def device(self) -> str:
+        return f"/dev/md/{self.raid_name}"
+
+    @property
+    def partition_name(self) -> str:
+        return f"gs-{self.raid_name}"
+
+
+SYSTEM_DIRS = frozenset(
+    ["/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib64", "/mnt", "/opt", "/proc", "/root",
+     "/run", "/sbin", "/srv", "/sys", "/tmp", "/usr", "/var", "/var/lib", "/var/lib/kubelet"]
+)
+
+
+class Node(_Model):
+    name: NodeName
+    """The Kubernetes node name (what `kubectl get nodes` shows)."""
+    ssh: Ssh
+    gpu: Gpu
+    storage: NodeStorage | None = None
+    """Model disk preparation; unset or `disks: []` means this node does no disk work."""
+    container_runtime: Literal["containerd", "k3s", "rke2", "none"] = "containerd"
+
+    @property
+    def prepares_disks(self) -> bool:
+        return self.storage is not None and len(self.storage.disks) == 2
+
+
+# ---------------------------------------------------------------------------- model storage
+
+# mdadm 1.2 superblocks reserve a data offset in front of the data; recent mdadm uses up to
+# 128 MiB on large members (the internal bitmap lives in that gap).
+RAID_DATA_OFFSET_BYTES = 128 * 2**20
+# XFS keeps part of the device for its log, allocation-group headers, inode chunks and the
+# reserved block pool. 2 % bounds what `df` shows missing on a fresh mkfs.xfs (measured on
+# the test VM; see README "Capacity").
+XFS_OVERHEAD_FRACTION = 0.02
+
+
+def usable_gib(size_gb: int) -> int:
+    """PersistentVolume capacity, in GiB, for a RAID1 of two `size_gb` GB partitions with XFS.
+
+    GB (10^9) to bytes, minus the mdadm data offset, minus the XFS overhead, to GiB, rounded down.
+    1000 GB gives 912 GiB (the seed hand-picked 900Gi).
+    """
+    raid_bytes = size_gb * 10**9 - RAID_DATA_OFFSET_BYTES
+    return max(0, math.floor(raid_bytes * (1 - XFS_OVERHEAD_FRACTION) / 2**30))
+
+
+class _StorageBase(_Model):
+    name: K8sName = "models"
+    """Name of the PersistentVolume and its claim."""
+
+
+class LocalStorage(_StorageBase):
+    """ReadWriteOnce on one node's RAID mount: every model pod runs on that node."""
+
+    type: Literal["local"]
+    node: NodeName
+    """A configured node whose `storage` prepares the RAID; the PV is its mountpoint."""
+
+
+class NfsStorage(_StorageBase):
+    """ReadWriteMany on an NFS export: pods may run on any GPU node."""
+
+    type: Literal["nfs"]
+    server: str = Field(min_length=1, pattern=r"^[A-Za-z0-9.:_-]+$")
+    path: SafePath
+    size_gi: int = Field(ge=1)
+    """Capacity of the export in GiB (the program cannot measure a remote server)."""
+
+
+class ClassStorage(_StorageBase):
+    """ReadWriteMany from an existing storage class that provisions shared volumes."""
+
+    type: Literal["storageClass"]
+    storage_class: K8sName
+    size_gi: int = Field(ge=1)
+
+
+ModelStorage = Annotated[LocalStorage | NfsStorage | ClassStorage, Field(discriminator="type")]
+
+
+# ---------------------------------------------------------------------------- models
+
+
+class Ingress(_Model):
+    host: str = Field(pattern=r"^(\*\.)?[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)+$")
+    path: str = Field("/", pattern=r"^/[A-Za-z0-9._~/-]*$")
+    tls_secret: K8sName | None = None
+    """Secret for the certificate; cert-manager fills it when the cluster has an issuer."""
+
+
+class Replicas(_Model):
+    min: int = Field(1, ge=0, le=100)
+    max: int = Field(1, ge=1, le=100)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Replicas:
+        if self.min > self.max:
+            raise ValueError(f"min ({self.min}) must be ≤ max ({self.max})")
+        return self
+
+
+ImageRef = Annotated[
+    str,
+    StringConstraints(pattern=r"^[a-z0-9][a-z0-9._/:-]*[a-z0-9](:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}|@sha256:[0-9a-f]{64})$"),
+]
+
+
+class Model(_Model):
+    name: K8sName
+    """Kubernetes name of the model's objects and vLLM's `--served-model-name`."""
+    hugging_face_id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+    revision: str = Field("main", pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,99}$")
+    image: ImageRef = "vllm/vllm-openai:v0.11.0"
+    gpu_product: LabelValue
+    gpus_per_replica: int = Field(1, ge=1, le=64)
+    max_model_len: int = Field(8192, ge=128, le=10_000_000)
+    gpu_memory_utilization: float = Field(0.90, gt=0.0, le=1.0)
+    weights_gb: float = Field(gt=0, le=100_000)
+    """Approximate size of the weights on disk; sizes the startup probe and the storage check."""
+    replicas: Replicas = Replicas()
+    ingress: Ingress | None = None
+    extra_args: list[Annotated[str, StringConstraints(min_length=1, max_length=4096)]] = []
+    env: dict[Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")], str] = {}
+    api_key_secret: SecretKeyName | None = None
+    """Secret config key holding the vLLM API key; unset serves without one."""
+    cpu: str = Field("4", pattern=r"^[0-9]+(\.[0-9]+|m)?$")
+    memory: str = Field("16Gi", pattern=r"^[0-9]+(Ki|Mi|Gi|Ti)$")
+
+    @field_validator("image")
+    @classmethod
+    def _pinned(cls, image: str) -> str:
+        if image.endswith(":latest"):
+            raise ValueError(f"{image!r} is not pinned; use a version tag such as vllm/vllm-openai:v0.11.0")
+        return image
+
+    @field_validator("env")
+    @classmethod
+    def _no_literal_secrets(cls, env: dict[str, str]) -> dict[str, str]:
+        for name in env:
+            if SECRET_LIKE.search(name):
+                raise ValueError(f"{name} looks like a secret; literal env values land in the manifest, use *Secret keys")
+        return env
+
+
+SECRET_LIKE = re.compile(r"TOKEN|SECRET|PASSW|API_?KEY|PRIVATE|CREDENTIAL", re.IGNORECASE)
+
+
+# ---------------------------------------------------------------------------- the stack
+
+
+class StackConfig(_Model):
+    cluster: Cluster
+    nodes: list[Node] = Field(min_length=1)
+    model_storage: ModelStorage
+    models: list[Model] = []
+    hf_token_secret: SecretKeyName = "hfToken"
+    """Secret config key holding the Hugging Face token."""
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> StackConfig:
+        _unique(self.nodes, "name", "nodes")
+        _unique(self.models, "name", "models")
+        self._check_same_host_collisions()
+        self._check_storage_node()
+        self._check_models()
+        return self
+
+    def _check_same_host_collisions(self) -> None:
+        # Two node entries may point at one machine (e.g. a lab VM); their arrays and mounts must not meet.
+        seen: dict[tuple[str, str, str], int] = {}
+        for i, node in enumerate(self.nodes):
+            if node.storage is None or not node.prepares_disks:
+                continue
+            claims = [("raidName", node.storage.raid_name), ("mountpoint", node.storage.mountpoint)]
+            claims += [("disks", disk) for disk in node.storage.disks]
+            for key, value in claims:
+                other = seen.setdefault((node.ssh.host, key, value), i)
+                if other != i:
+                    raise _at(f"nodes[{i}].storage.{key}", f"{value!r} is already used by nodes[{other}] on host {node.ssh.host}")
+
+    def _check_storage_node(self) -> None:
+        storage = self.model_storage
+        if storage.type != "local":
+            return
+        node = self.node(storage.node)
+        if node is None:
+            names = ", ".join(n.name for n in self.nodes)
+            raise _at("modelStorage.node", f"{storage.node!r} is not a configured node (configured: {names})")
+        if not node.prepares_disks:
+            raise _at("modelStorage.node", f"node {storage.node!r} has no `storage.disks`, so there is no RAID mount to serve models from")
+
+    def _check_models(self) -> None:
+        demand: Counter[str] = Counter()
+        for i, model in enumerate(self.models):
+            nodes = [n for n in self.nodes if n.gpu.product == model.gpu_product]
+            if not nodes:
+                products = sorted({n.gpu.product for n in self.nodes})
+                raise _at(f"models[{i}].gpuProduct", f"{model.gpu_product!r} matches no node (products: {', '.join(products)})")
+            largest = max(n.gpu.count for n in nodes)
+            if model.gpus_per_replica > largest:
+                raise _at(
+                    f"models[{i}].gpusPerReplica",
+                    f"{model.gpus_per_replica} GPUs, but the largest {model.gpu_product} node has {largest}; "
+                    "one pod cannot span nodes (tensor parallelism needs all its GPUs on one node)",
+                )
+            demand[model.gpu_product] += model.replicas.max * model.gpus_per_replica
+        for product, wanted in demand.items():
+            have = sum(n.gpu.count for n in self.nodes if n.gpu.product == product)
+            if wanted > have:
+                raise _at(
+                    "models",
+                    f"at max replicas the models need {wanted} {product} GPUs but the nodes declare {have}; "
+                    "the extra pods would stay Pending with 'Insufficient nvidia.com/gpu' — lower replicas.max or add nodes",
+                )
+        total = sum(m.weights_gb for m in self.models)
+        capacity_gb = self.capacity_gib * 2**30 / 10**9
+        if total > capacity_gb:
+            raise _at(
+                "models",
+                f"the weights add up to {total:g} GB but the model volume holds {capacity_gb:.0f} GB "
+                f"({self.capacity_gib} GiB) — raise the partition size or the shared volume's sizeGi",
+            )
+        if self.model_storage.type != "local" or not self.models:
+            return
+        # A local PV pins every pod that mounts it to the storage node: the scheduler never
+        # places them elsewhere, so that node alone must hold every replica.
+        home = self.node(self.model_storage.node)
+        assert home is not None
+        for i, model in enumerate(self.models):
+            if model.gpu_product != home.gpu.product:
+                raise _at(
+                    f"models[{i}].gpuProduct",
+                    f"{model.gpu_product!r}, but node-local model storage lives on {home.name} ({home.gpu.product}); "
+                    "its pods could never schedule — use shared storage (modelStorage.type: nfs or storageClass)",
+                )
+        wanted = sum(m.replicas.max * m.gpus_per_replica for m in self.models)
+        if wanted > home.gpu.count:
+            raise _at(
+                "models",
+                f"at max replicas the models need {wanted} GPUs, but node-local storage keeps every pod on "
+                f"{home.name} ({home.gpu.count} GPUs) and a ReadWriteOnce volume cannot attach to a second node — "
+                "use shared storage (modelStorage.type: nfs or storageClass) or lower replicas.max",
+            )
+
+    def node(self, name: str) -> Node | None:
+        return next((n for n in self.nodes if n.name == name), None)
+
+    @property
+    def capacity_gib(self) -> int:
+        """Capacity of the model volume, derived from the partition for node-local storage."""
+        storage = self.model_storage
+        if storage.type == "local":
+            node = self.node(storage.node)
+            assert node is not None and node.storage is not None
+            return usable_gib(node.storage.size_gb)
+        return storage.size_gi
+
+    def secret_keys(self) -> list[str]:
+        """Every secret config key this stack reads, in a stable order."""
+        keys = [self.hf_token_secret] if self.models else []
+        if self.cluster.kubeconfig.secret:
+            keys.append(self.cluster.kubeconfig.secret)
+        for node in self.nodes:
+            keys += [k for k in (node.ssh.private_key_secret, node.ssh.host_key_secret) if k]
+        keys += [m.api_key_secret for m in self.models if m.api_key_secret]
+        return list(dict.fromkeys(keys))
+
+
+class _KeyPathError(ValueError):
+    def __init__(self, path: str, message: str):
+        super().__init__(message)
+        self.path = path
+
+
+def _at(path: str, message: str) -> _KeyPathError:
+    return _KeyPathError(path, message)
+
+
+def _unique(items: list[Any], attr: str, where: str) -> None:
+    seen: dict[Any, int] = {}
+    for i, item in enumerate(items):
+        value = getattr(item, attr)
+        if value in seen:
+            raise _at(f"{where}[{i}].{attr}", f"{value!r} is already used by {where}[{seen[value]}]")
+        seen[value] = i
+
+
+# ---------------------------------------------------------------------------- loading
+
+TOP_LEVEL_KEYS = ("cluster", "nodes", "modelStorage", "models", "hfTokenSecret")
+
+
+def parse(raw: dict[str, Any]) -> StackConfig:
+    """Validate the stack's non-secret top-level values (already decoded from YAML/JSON).
+
+    Raises ConfigError with a one-line message naming the key path.
+    """
+    known = {key: value for key, value in raw.items() if key in TOP_LEVEL_KEYS}
+    try:
+        stack = StackConfig.model_validate(known)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc)) from None
+    for key in sorted(set(raw) - set(TOP_LEVEL_KEYS)):
+        if key in stack.secret_keys():
+            raise ConfigError(f"{key}: holds a secret but is stored in plain text; set it with `pulumi config set --secret {key}`")
+        raise ConfigError(f"{key}: unknown config key; allowed: {', '.join(TOP_LEVEL_KEYS)} and the stack's secret keys")
+    return stack
+
+
+def _describe(exc: ValidationError) -> str:
+    error = exc.errors(include_url=False)[0]
+    ctx_error = (error.get("ctx") or {}).get("error")
+    if isinstance(ctx_error, _KeyPathError):
+        return f"{ctx_error.path}: {ctx_error}"
+    path = _key_path(error["loc"])
+    given = error.get("input")
+    message = error["msg"].removeprefix("Value error, ")
+    if error["type"] == "missing":
+        return f"{path}: required key is missing"
+    if error["type"] == "string_pattern_mismatch":
+        allowed = PATTERN_HELP.get((error.get("ctx") or {}).get("pattern", ""), "the documented format")
+        return f"{path}: must be {allowed} (got {_short(given)})"
+    if error["type"] == "extra_forbidden":
+        return f"{path}: unknown key (check the spelling; keys are camelCase)"
+    return f"{path}: {message} (got {_short(given)})"
+
+
+def _key_path(loc: tuple[Any, ...]) -> str:
+    path = ""
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        elif part in ("local", "nfs", "storageClass") and path.endswith("modelStorage"):
+            continue  # the discriminated union's tag is not a key the user wrote
+        else:
+            path += f".{part}" if path else str(part)
+    return path or "(stack)"
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
