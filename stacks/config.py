@@ -67,6 +67,7 @@ class _Model(BaseModel):
         populate_by_name=False,
         strict=False,
         validate_default=True,
+        use_attribute_docstrings=True,
     )
 
 

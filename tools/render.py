@@ -108,13 +108,16 @@ def _blank(value: Any) -> Any:
 # ------------------------------------------------------------------------- config
 
 
-def stack_config(stack: str, root: Path = ROOT) -> tuple[str, dict[str, str], set[str]]:
+def stack_config(stack: str, root: Path = ROOT, stack_file: Path | None = None) -> tuple[str, dict[str, str], set[str]]:
     """(project, config for `set_all_config`, secret keys) from Pulumi.yaml and Pulumi.<stack>.yaml."""
     project = yaml.safe_load((root / "Pulumi.yaml").read_text())["name"]
-    path = root / f"Pulumi.{stack}.yaml"
+    path = stack_file or root / f"Pulumi.{stack}.yaml"
     if not path.exists():
         raise RenderError(f"no stack file {path.name} (stacks here: {', '.join(_stacks(root)) or 'none'})")
-    document = yaml.safe_load(path.read_text()) or {}
+    try:
+        document = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise RenderError(f"{path.name} is not valid YAML: {' '.join(str(exc).split())}") from None
     values: dict[str, str] = {}
     secrets: set[str] = set()
     for key, value in (document.get("config") or {}).items():
@@ -138,7 +141,7 @@ def _stacks(root: Path) -> list[str]:
 
 
 def run_program(stack: str, root: Path = ROOT, overrides: dict[str, str] | None = None,
-                secret_values: dict[str, str] | None = None) -> Render:
+                secret_values: dict[str, str] | None = None, stack_file: Path | None = None) -> Render:
     """Run `__main__.py` once under mocks and record everything it declares.
 
     `overrides` replaces config values (tests); `secret_values` sets secret keys to real
@@ -149,7 +152,7 @@ def run_program(stack: str, root: Path = ROOT, overrides: dict[str, str] | None 
     from pulumi.runtime.stack import wait_for_rpcs
     from pulumi.runtime.sync_await import _sync_await
 
-    project, values, secrets = stack_config(stack, root)
+    project, values, secrets = stack_config(stack, root, stack_file)
     values.update(overrides or {})
     for key, value in (secret_values or {}).items():
         values[f"{project}:{key}"] = value
@@ -299,9 +302,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.render", description=__doc__.split("\n\n")[0])
     parser.add_argument("stack", nargs="?", default="prod")
     parser.add_argument("--out", type=Path, help="output folder (default rendered/<stack>)")
+    parser.add_argument("--stack-file", type=Path, help="read the stack config from this file instead of Pulumi.<stack>.yaml")
     args = parser.parse_args(argv)
     try:
-        render = run_program(args.stack)
+        render = run_program(args.stack, stack_file=args.stack_file)
     except RenderError as exc:
         print(f"render {args.stack}: {exc}", file=sys.stderr)
         return 1

@@ -1,0 +1,125 @@
+"""The offline render: what `make render` writes, that it is deterministic, valid and leaks no secret."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from tools.render import ROOT, Render, run_program, write
+
+KUBERNETES_VERSION = "1.37.0"
+# Custom resources have no schema in kubernetes-validate; everything else is checked strictly.
+NO_SCHEMA = {("keda.sh/v1alpha1", "ScaledObject")}
+
+
+def render_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "tools.render", *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+def tree(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_render_writes_the_prod_files(tmp_path: Path) -> None:
+    result = render_cli("prod", "--out", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert {"manifests.yaml", "resources.json", "outputs.json"} <= set(tree(tmp_path))
+    objects = list(yaml.safe_load_all((tmp_path / "manifests.yaml").read_text()))
+    kinds = {(o["kind"], o["metadata"]["name"]) for o in objects}
+    assert ("PersistentVolume", "ai-models") in kinds
+    assert ("PersistentVolumeClaim", "models") in kinds
+    pv = next(o for o in objects if o["kind"] == "PersistentVolume")
+    terms = pv["spec"]["nodeAffinity"]["required"]["nodeSelectorTerms"]
+    assert terms[0]["matchExpressions"][0]["values"] == ["k8s-worker-02"]
+    assert f"{len(json.loads((tmp_path / 'resources.json').read_text()))} resources" in result.stdout
+
+
+def test_two_renders_are_byte_identical(tmp_path: Path) -> None:
+    first, second = tmp_path / "a", tmp_path / "b"
+    assert render_cli("prod", "--out", str(first)).returncode == 0
+    assert render_cli("prod", "--out", str(second)).returncode == 0
+    assert tree(first) == tree(second)
+    assert len(tree(first)) >= 3
+
+
+def test_in_process_renders_are_identical(prod: Render, tmp_path: Path) -> None:
+    again = run_program("prod")
+    write(prod, tmp_path / "a")
+    write(again, tmp_path / "b")
+    assert tree(tmp_path / "a") == tree(tmp_path / "b")
+
+
+def test_bad_config_fails_with_one_line(tmp_path: Path) -> None:
+    document = yaml.safe_load((ROOT / "Pulumi.prod.yaml").read_text())
+    document["config"]["gpu-serving:nodes"][0]["storage"]["sizeGb"] = -5
+    bad = tmp_path / "Pulumi.bad.yaml"
+    bad.write_text(yaml.safe_dump(document))
+    result = render_cli("bad", "--stack-file", str(bad), "--out", str(tmp_path / "out"))
+    assert result.returncode == 1
+    assert result.stdout == ""
+    assert result.stderr.strip() == (
+        "render bad: config error: nodes[0].storage.sizeGb: Input should be greater than or equal to 1 (got -5)"
+    )
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_missing_stack_file_is_one_line() -> None:
+    result = render_cli("nosuchstack")
+    assert result.returncode == 1
+    assert result.stderr.startswith("render nosuchstack: no stack file Pulumi.nosuchstack.yaml (stacks here: ")
+    assert "prod" in result.stderr
+
+
+def test_manifests_are_valid_kubernetes(prod: Render) -> None:
+    objects = prod.kubernetes_objects()
+    assert objects
+    checked = 0
+    for obj in objects:
+        if (obj["apiVersion"], obj["kind"]) in NO_SCHEMA:
+            continue
+        kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+        checked += 1
+    assert checked >= 3
+
+
+def test_validator_rejects_an_unknown_field(prod: Render) -> None:
+    """The schema check is real: a misspelt field fails it."""
+    pv = next(o for o in prod.kubernetes_objects() if o["kind"] == "PersistentVolume")
+    pv["spec"]["reclaimPolicy"] = "Retain"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(pv, KUBERNETES_VERSION, strict=True)
+
+
+def test_every_kubernetes_object_is_named_and_uses_the_explicit_provider(prod: Render) -> None:
+    for resource in prod.resources:
+        if resource.custom and resource.type.startswith("kubernetes:"):
+            assert resource.inputs["metadata"]["name"], resource.urn
+            assert resource.options["provider"].endswith("pulumi:providers:kubernetes::kubernetes"), resource.urn
+    providers = prod.of_type("pulumi:providers:kubernetes")
+    assert [p.inputs.get("kubeconfig") for p in providers] == [".kube/prod.yaml"]
+    assert providers[0].inputs.get("context") == "prod"
+
+
+def test_components_have_the_project_type_tokens(prod: Render) -> None:
+    components = {r.type for r in prod.resources if not r.custom}
+    assert "gpu-serving:storage:ModelStorage" in components
+    assert all(t.startswith("gpu-serving:") for t in components if not t.startswith("pulumi:"))
+
+
+def test_secret_placeholders_stay_secret(render) -> None:  # type: ignore[no-untyped-def]
+    canary = "CANARY-kubeconfig-7f3a"
+    result = render(cluster={"namespace": "ai", "kubeconfig": {"secret": "kubeconfig"}}, secrets={"kubeconfig": canary})
+    provider = result.of_type("pulumi:providers:kubernetes")[0]
+    from tools.render import is_secret, redact
+
+    assert is_secret(provider.inputs["kubeconfig"])
+    assert redact(provider.inputs)["kubeconfig"] == "[secret]"
+    out = json.dumps([redact(r.inputs) for r in result.resources]) + json.dumps(redact(result.outputs))
+    assert canary not in out
