@@ -32,8 +32,11 @@ test-vm: $(STAMP)
 	bash tests/vm/install-host-deps.sh
 	GS_VM_TESTS=1 $(PY) -m pytest -q tests/vm
 
+SHELL_SCRIPTS = $(wildcard components/node_scripts/*.sh tests/vm/*.sh .ci/run)
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/shellcheck $(SHELL_SCRIPTS)
 	$(VENV)/bin/yamllint -s Pulumi.yaml Pulumi.*.yaml
 
 clean:
