@@ -1,0 +1,168 @@
+"""What a change does to a stack, for reviewers without cluster credentials.
+
+    python -m tools.diff BASE [STACK]      # make diff BASE=origin/main STACK=prod
+
+Renders STACK at the git ref BASE (in a temporary worktree) and in the working tree, then
+prints a summary — Kubernetes objects and node steps added, changed and removed, and the node
+scripts `pulumi up` would run again — followed by unified diffs of the manifests and scripts.
+Exit 0 when the renders are equal, 1 when they differ, 2 on error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tools.render import ROOT
+
+COMMAND = "command:remote:Command"
+# Inputs whose change makes pulumi_command run a step again (create, or update when set).
+RERUN_INPUTS = ("create", "update", "connection", "environment", "stdin", "triggers")
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One rendered stack, read back from the files `tools.render` wrote."""
+
+    objects: dict[str, dict[str, Any]]
+    resources: dict[str, dict[str, Any]]
+    scripts: dict[str, str]
+
+    @classmethod
+    def read(cls, folder: Path) -> Snapshot:
+        objects = {}
+        for obj in yaml.safe_load_all((folder / "manifests.yaml").read_text()):
+            if obj:
+                meta = obj.get("metadata") or {}
+                key = f"{obj['kind']}/{meta['namespace']}/{meta['name']}" if meta.get("namespace") else f"{obj['kind']}/{meta['name']}"
+                objects[key] = obj
+        resources = {r["urn"]: r for r in json.loads((folder / "resources.json").read_text())}
+        scripts = {str(p.relative_to(folder)): p.read_text() for p in sorted(folder.glob("nodes/*/*.sh"))}
+        return cls(objects, resources, scripts)
+
+
+@dataclass
+class Change:
+    added: list[str] = field(default_factory=list)
+    changed: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.added or self.changed or self.removed)
+
+
+def compare(old: dict[str, Any], new: dict[str, Any]) -> Change:
+    return Change(
+        added=sorted(set(new) - set(old)),
+        changed=sorted(k for k in set(old) & set(new) if old[k] != new[k]),
+        removed=sorted(set(old) - set(new)),
+    )
+
+
+def node_steps(snapshot: Snapshot) -> dict[str, dict[str, Any]]:
+    return {r["name"]: r for r in snapshot.resources.values() if r["type"] == COMMAND}
+
+
+def reruns(old: Snapshot, new: Snapshot) -> list[str]:
+    """Steps that `pulumi up` would run: new ones, and those whose re-run inputs changed."""
+    before, after = node_steps(old), node_steps(new)
+    names = []
+    for name, step in sorted(after.items()):
+        previous = before.get(name)
+        if previous is None or any(previous["inputs"].get(k) != step["inputs"].get(k) for k in RERUN_INPUTS):
+            names.append(name)
+    return names
+
+
+def unified(old: dict[str, str], new: dict[str, str], label: str) -> str:
+    chunks = []
+    for key in sorted(set(old) | set(new)):
+        if old.get(key) != new.get(key):
+            chunks += difflib.unified_diff(
+                (old.get(key) or "").splitlines(keepends=True), (new.get(key) or "").splitlines(keepends=True),
+                fromfile=f"a/{label}{key}" if key in old else "/dev/null",
+                tofile=f"b/{label}{key}" if key in new else "/dev/null",
+            )
+    return "".join(chunks)
+
+
+def report(old: Snapshot, new: Snapshot, base: str, stack: str) -> tuple[str, bool]:
+    objects = compare(old.objects, new.objects)
+    steps = compare(node_steps(old), node_steps(new))
+    others = compare(
+        {u: r for u, r in old.resources.items() if not r["type"].startswith("kubernetes:") and r["type"] != COMMAND},
+        {u: r for u, r in new.resources.items() if not r["type"].startswith("kubernetes:") and r["type"] != COMMAND},
+    )
+    rerun = reruns(old, new)
+    differs = bool(objects or steps or others or old.scripts != new.scripts)
+    lines = [f"## `{stack}`: working tree against `{base}`", ""]
+    if not differs:
+        return "\n".join([*lines, "No change: `pulumi up` would do nothing.", ""]), False
+    lines += ["| | added | changed | removed |", "|---|---|---|---|"]
+    for title, change in (("Kubernetes objects", objects), ("node steps", steps), ("other resources", others)):
+        lines.append(f"| {title} | {len(change.added)} | {len(change.changed)} | {len(change.removed)} |")
+    lines.append("")
+    for title, change in (("Kubernetes objects", objects), ("node steps", steps), ("other resources", others)):
+        for verb, items in (("added", change.added), ("changed", change.changed), ("removed", change.removed)):
+            lines += [f"- {title} {verb}: `{item}`" for item in items]
+    lines += ["", "Node scripts `pulumi up` would run again: " + (", ".join(f"`{s}`" for s in rerun) or "none"), ""]
+    manifests = unified(
+        {k: yaml.safe_dump(v, sort_keys=True) for k, v in old.objects.items()},
+        {k: yaml.safe_dump(v, sort_keys=True) for k, v in new.objects.items()},
+        "manifests/",
+    )
+    scripts = unified(old.scripts, new.scripts, "")
+    for title, text in (("Manifests", manifests), ("Node scripts", scripts)):
+        if text:
+            lines += [f"### {title}", "", "```diff", text.rstrip("\n"), "```", ""]
+    return "\n".join(lines), True
+
+
+def render_at(source: Path, stack: str, out: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "tools.render", stack, "--out", str(out)], cwd=source, capture_output=True, text=True
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"render of {stack} in {source} failed: {result.stderr.strip() or result.stdout.strip()}")
+
+
+def diff(base: str, stack: str, repo: Path = ROOT) -> tuple[str, bool]:
+    with tempfile.TemporaryDirectory(prefix="gs-diff-") as tmp:
+        worktree, old_out, new_out = Path(tmp) / "base", Path(tmp) / "old", Path(tmp) / "new"
+        add = subprocess.run(["git", "-C", str(repo), "worktree", "add", "--detach", "--quiet", str(worktree), base],
+                             capture_output=True, text=True)
+        if add.returncode != 0:
+            raise RuntimeError(f"cannot check out {base!r}: {add.stderr.strip()}")
+        try:
+            render_at(worktree, stack, old_out)
+        finally:
+            subprocess.run(["git", "-C", str(repo), "worktree", "remove", "--force", str(worktree)], capture_output=True)
+        render_at(repo, stack, new_out)
+        return report(Snapshot.read(old_out), Snapshot.read(new_out), base, stack)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tools.diff", description=__doc__.split("\n\n")[0])
+    parser.add_argument("base", help="git ref to compare against, e.g. origin/main")
+    parser.add_argument("stack", nargs="?", default="prod")
+    args = parser.parse_args(argv)
+    try:
+        text, differs = diff(args.base, args.stack)
+    except (RuntimeError, OSError) as exc:
+        print(f"diff: {exc}", file=sys.stderr)
+        return 2
+    print(text)
+    return 1 if differs else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
