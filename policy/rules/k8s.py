@@ -1,0 +1,278 @@
+"""Reading Kubernetes objects (camelCase, as in YAML) through the watched view."""
+
+from __future__ import annotations
+
+import posixpath
+import re
+import shlex
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from .core import EMPTY, Resource
+
+GPU = "nvidia.com/gpu"
+
+DEPLOYMENT = "kubernetes:apps/v1:Deployment"
+STATEFULSET = "kubernetes:apps/v1:StatefulSet"
+POD = "kubernetes:core/v1:Pod"
+JOB = "kubernetes:batch/v1:Job"
+INGRESS = "kubernetes:networking.k8s.io/v1:Ingress"
+HPA = "kubernetes:autoscaling/v2:HorizontalPodAutoscaler"
+SCALED_OBJECT = "kubernetes:keda.sh/v1alpha1:ScaledObject"
+PV = "kubernetes:core/v1:PersistentVolume"
+PVC = "kubernetes:core/v1:PersistentVolumeClaim"
+SERVICE = "kubernetes:core/v1:Service"
+NODE_PATCH = "kubernetes:core/v1:NodePatch"
+NODE = "kubernetes:core/v1:Node"
+COMMAND = "command:remote:Command"
+
+WORKLOADS = frozenset({DEPLOYMENT, STATEFULSET, POD, JOB})
+SCALABLE = frozenset({DEPLOYMENT, STATEFULSET})
+
+
+def as_map(value: Any) -> Mapping:
+    return value if isinstance(value, Mapping) else EMPTY
+
+
+def as_list(value: Any) -> Sequence:
+    if isinstance(value, Sequence) and not isinstance(value, str):
+        return value
+    return ()
+
+
+def dig(obj: Any, *path: str) -> Any:
+    """obj[path0][path1]..., None where a level is missing or not a mapping."""
+    for key in path:
+        if not isinstance(obj, Mapping):
+            return None
+        obj = obj.get(key)
+    return obj
+
+
+def to_int(value: Any) -> int | None:
+    """Integers as Kubernetes writes them: 2, 2.0 (protobuf numbers), "2"."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str) and re.fullmatch(r"\s*\d+\s*", value):
+        return int(value)
+    return None
+
+
+# --- objects -----------------------------------------------------------------
+
+def namespace(props: Mapping) -> str:
+    return dig(props, "metadata", "namespace") or "default"
+
+
+def pod_template(resource: Resource) -> Mapping | None:
+    """The pod spec of a workload: spec for a Pod, spec.template.spec else."""
+    if resource.type not in WORKLOADS:
+        return None
+    props = resource.view
+    if resource.type == POD:
+        return as_map(props.get("spec"))
+    return as_map(dig(props, "spec", "template", "spec"))
+
+
+def pod_labels(resource: Resource) -> Mapping:
+    if resource.type == POD:
+        return as_map(dig(resource.view, "metadata", "labels"))
+    return as_map(dig(resource.view, "spec", "template", "metadata", "labels"))
+
+
+def containers(spec: Mapping, *, init: bool = False) -> list[Mapping]:
+    found = [as_map(c) for c in as_list(spec.get("containers"))]
+    if init:
+        found += [as_map(c) for c in as_list(spec.get("initContainers"))]
+    return found
+
+
+def container_name(container: Mapping) -> str:
+    return str(container.get("name") or "?")
+
+
+def gpu_amount(container: Mapping, section: str = "limits") -> Any:
+    return as_map(dig(container, "resources", section)).get(GPU)
+
+
+def gpu_count(container: Mapping) -> int:
+    """GPUs a container gets: its limit (requests may only repeat it)."""
+    limit = gpu_amount(container, "limits")
+    if limit is None:
+        limit = gpu_amount(container, "requests")
+    return to_int(limit) or 0
+
+
+def gpu_containers(spec: Mapping) -> list[Mapping]:
+    return [c for c in containers(spec) if gpu_count(c) > 0]
+
+
+def pod_gpus(spec: Mapping) -> int:
+    """GPUs one pod holds: init containers run one at a time before the rest."""
+    regular = sum(gpu_count(c) for c in containers(spec))
+    init = max((gpu_count(as_map(c)) for c in as_list(spec.get("initContainers"))), default=0)
+    return max(regular, init)
+
+
+def mounts(container: Mapping) -> list[Mapping]:
+    return [as_map(m) for m in as_list(container.get("volumeMounts"))]
+
+
+def volumes(spec: Mapping) -> dict[str, Mapping]:
+    return {str(as_map(v).get("name")): as_map(v) for v in as_list(spec.get("volumes"))}
+
+
+def mount_for(path: str, container: Mapping) -> Mapping | None:
+    """The volumeMount holding `path` (deepest mount wins), if any."""
+    path = posixpath.normpath(path)
+    best: Mapping | None = None
+    best_len = -1
+    for mount in mounts(container):
+        mount_path = mount.get("mountPath")
+        if not isinstance(mount_path, str) or not mount_path.startswith("/"):
+            continue
+        root = posixpath.normpath(mount_path)
+        inside = path == root or path.startswith(root.rstrip("/") + "/")
+        if inside and len(root) > best_len:
+            best, best_len = mount, len(root)
+    return best
+
+
+# --- command lines -------------------------------------------------------------
+
+def argv(container: Mapping) -> list[str]:
+    """command + args as tokens; a `sh -c "vllm serve ..."` string is split too."""
+    tokens: list[str] = []
+    for item in list(as_list(container.get("command"))) + list(as_list(container.get("args"))):
+        text = str(item)
+        if any(ch.isspace() for ch in text):
+            try:
+                tokens.extend(shlex.split(text))
+            except ValueError:
+                tokens.extend(text.split())
+        else:
+            tokens.append(text)
+    return [_normalise_flag(t) for t in tokens]
+
+
+def _normalise_flag(token: str) -> str:
+    # vLLM's parser accepts --tensor_parallel_size as --tensor-parallel-size.
+    if not token.startswith("--"):
+        return token
+    head, sep, tail = token.partition("=")
+    return head.replace("_", "-") + sep + tail
+
+
+def flag_value(tokens: Sequence[str], *names: str) -> str | None:
+    """Value of `--name=value` or `--name value`; the last occurrence wins."""
+    found = None
+    for i, token in enumerate(tokens):
+        for name in names:
+            if token.startswith(name + "="):
+                found = token[len(name) + 1:]
+            elif token == name and i + 1 < len(tokens):
+                found = tokens[i + 1]
+    return found
+
+
+def is_vllm(container: Mapping) -> bool:
+    image = container.get("image")
+    if isinstance(image, str) and "vllm" in image.lower():
+        return True
+    line = " ".join(argv(container))
+    return bool(re.search(r"\bvllm\s+serve\b", line)) or "vllm.entrypoints" in line
+
+
+def vllm_model(tokens: Sequence[str]) -> str | None:
+    """`--model X`, or the positional model of `vllm serve X`."""
+    model = flag_value(tokens, "--model")
+    if model:
+        return model
+    for i, token in enumerate(tokens[:-1]):
+        if token == "serve" and i > 0 and tokens[i - 1].endswith("vllm"):
+            candidate = tokens[i + 1]
+            return None if candidate.startswith("-") else candidate
+    return None
+
+
+def env_literal(container: Mapping, name: str) -> str | None:
+    for entry in as_list(container.get("env")):
+        entry = as_map(entry)
+        if entry.get("name") == name and isinstance(entry.get("value"), str):
+            return entry.get("value")
+    return None
+
+
+# --- names that hold secrets ---------------------------------------------------
+
+_SECRET_WORDS = frozenset(
+    {"TOKEN", "SECRET", "PASSWORD", "PASSWD", "PASSPHRASE", "KEY", "APIKEY",
+     "PRIVATEKEY", "CREDENTIAL", "CREDENTIALS", "PAT"}
+)
+# A trailing word that makes the variable *about* a secret rather than the
+# secret itself: HF_TOKEN_PATH points at a file, AWS_ACCESS_KEY_ID is an id.
+_REFERENCE_WORDS = frozenset(
+    {"FILE", "PATH", "DIR", "NAME", "ID", "URL", "URI", "REF", "TYPE", "ENDPOINT",
+     "HEADER", "FIELD", "LENGTH", "SIZE", "ALGORITHM", "SECRETNAME"}
+)
+
+
+def name_words(name: str) -> list[str]:
+    words: list[str] = []
+    for part in re.split(r"[^A-Za-z0-9]+", name):
+        words += re.findall(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+", part)
+    return [w.upper() for w in words]
+
+
+def looks_secret(name: str) -> bool:
+    words = name_words(name)
+    if not words or words[-1] in _REFERENCE_WORDS:
+        return False
+    return any(w in _SECRET_WORDS for w in words)
+
+
+# --- label selection -----------------------------------------------------------
+
+def selects(selector: Mapping, labels: Mapping) -> bool:
+    """A Service-style equality selector; an empty one selects nothing."""
+    return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
+
+
+def required_node_terms(spec: Mapping) -> list[Mapping]:
+    required = dig(spec, "affinity", "nodeAffinity", "requiredDuringSchedulingIgnoredDuringExecution")
+    return [as_map(t) for t in as_list(dig(required, "nodeSelectorTerms"))]
+
+
+def node_label_keys(spec: Mapping) -> set[str]:
+    """Node label keys a pod insists on, via nodeSelector or required affinity."""
+    keys = set(as_map(spec.get("nodeSelector")))
+    for term in required_node_terms(spec):
+        for expr in as_list(term.get("matchExpressions")):
+            expr = as_map(expr)
+            if expr.get("operator") in ("In", "Exists"):
+                keys.add(str(expr.get("key")))
+    return keys
+
+
+def node_label_value(spec: Mapping, key: str) -> str | None:
+    """The single value a pod requires for node label `key`, if it pins one."""
+    value = as_map(spec.get("nodeSelector")).get(key)
+    if isinstance(value, str):
+        return value
+    terms = required_node_terms(spec)
+    values: set[str] = set()
+    for term in terms:
+        for expr in as_list(term.get("matchExpressions")):
+            expr = as_map(expr)
+            if expr.get("key") == key and expr.get("operator") == "In":
+                values |= {str(v) for v in as_list(expr.get("values"))}
+    return values.pop() if len(values) == 1 else None
+
+
+def kinds_in(resources: Sequence[Resource], types: frozenset[str]) -> Iterator[Resource]:
+    return (r for r in resources if r.type in types)
+

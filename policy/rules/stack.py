@@ -1,0 +1,340 @@
+"""Rules that need several resources of the stack at once."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+
+from . import k8s
+from .core import MANDATORY, Resource, Rule, Unknown, attempt
+from .k8s import GPU, as_list, as_map, dig, namespace, to_int
+
+# KEDA's default maxReplicaCount when a ScaledObject does not set one.
+KEDA_DEFAULT_MAX = 100
+# Kubernetes' default HPA scale-down stabilization window.
+HPA_DEFAULT_SCALE_DOWN_WINDOW = 300
+# ingress-nginx's default proxy timeouts.
+NGINX_DEFAULT_TIMEOUT = 60
+
+
+@dataclass(frozen=True)
+class Workload:
+    resource: Resource
+    namespace: str
+    name: str | None
+    spec: Mapping
+    gpus_per_pod: int
+    vllm: bool
+
+
+def workloads(resources: Sequence[Resource]) -> list[Workload]:
+    """Pod-templating resources whose shape is known (unknown ones are skipped)."""
+
+    def read(r: Resource) -> Workload:
+        spec = k8s.pod_template(r) or {}
+        return Workload(r, namespace(r.view), dig(r.view, "metadata", "name"), spec,
+                        k8s.pod_gpus(spec), any(k8s.is_vllm(c) for c in k8s.containers(spec)))
+
+    found = (attempt(read, r) for r in k8s.kinds_in(resources, k8s.WORKLOADS))
+    return [w for w in found if w is not None]
+
+
+@dataclass(frozen=True)
+class Scaler:
+    resource: Resource
+    namespace: str
+    target_kind: str
+    target_name: str
+    max_replicas: int | None
+
+
+def scalers(resources: Sequence[Resource]) -> list[Scaler]:
+    """HPAs and KEDA ScaledObjects with the workload they drive."""
+
+    def read(r: Resource) -> Scaler:
+        spec = as_map(r.view.get("spec"))
+        ref = as_map(spec.get("scaleTargetRef"))
+        key, default = ("maxReplicas", None) if r.type == k8s.HPA else ("maxReplicaCount", KEDA_DEFAULT_MAX)
+        maximum = to_int(spec.get(key, default))
+        return Scaler(r, namespace(r.view), str(ref.get("kind") or "Deployment"), str(ref.get("name")), maximum)
+
+    found = (attempt(read, r) for r in k8s.kinds_in(resources, frozenset({k8s.HPA, k8s.SCALED_OBJECT})))
+    return [s for s in found if s is not None]
+
+
+def drives(scaler: Scaler, workload: Workload) -> bool:
+    return (workload.resource.type in k8s.SCALABLE and scaler.namespace == workload.namespace
+            and scaler.target_kind == workload.resource.kind and scaler.target_name == workload.name)
+
+
+def max_replicas(workload: Workload, all_scalers: Sequence[Scaler]) -> int:
+    """Most pods the workload can ever run; an autoscaler overrides replicas."""
+    r = workload.resource
+    if r.type == k8s.POD:
+        return 1
+    if r.type == k8s.JOB:
+        return to_int(dig(r.view, "spec", "parallelism")) or 1
+    limits = [s.max_replicas for s in all_scalers if drives(s, workload) and s.max_replicas is not None]
+    if limits:
+        return max(limits)
+    replicas = to_int(dig(r.view, "spec", "replicas"))
+    return 1 if replicas is None else replicas
+
+
+# --- GPU capacity ----------------------------------------------------------------
+
+def declared_gpus(resources: Sequence[Resource], product_label: str, count_label: str) -> dict[str, int]:
+    """GPUs per product that the stack's nodes declare through labels."""
+    supply: dict[str, int] = defaultdict(int)
+    for node in k8s.kinds_in(resources, frozenset({k8s.NODE_PATCH, k8s.NODE})):
+        labels = as_map(dig(node.view, "metadata", "labels"))
+        product, count = labels.get(product_label), to_int(labels.get(count_label))
+        if isinstance(product, str) and count is not None:
+            supply[product] += count
+    return dict(supply)
+
+
+def check_gpu_capacity(resources: list[Resource], cfg: Mapping) -> Iterator[tuple[Resource, str]]:
+    product_label, count_label = str(cfg["gpuProductLabel"]), str(cfg["gpuCountLabel"])
+    # An unknown node label could hide any amount of capacity: say nothing.
+    supply = declared_gpus(resources, product_label, count_label)
+    if not supply:
+        return  # the nodes are not part of this stack (e.g. plain manifests)
+    all_scalers = scalers(resources)
+    demand: list[tuple[Workload, str | None, int]] = []
+    for w in workloads(resources):
+        if w.gpus_per_pod:
+            product = k8s.node_label_value(w.spec, product_label)
+            demand.append((w, product, w.gpus_per_pod * max_replicas(w, all_scalers)))
+    per_product: dict[str | None, int] = defaultdict(int)
+    for _, product, gpus in demand:
+        per_product[product] += gpus
+    total_supply, total_demand = sum(supply.values()), sum(per_product.values())
+    for w, product, gpus in demand:
+        pods = gpus // w.gpus_per_pod
+        asks = f"asks for up to {pods} pod(s) x {w.gpus_per_pod} {GPU} = {gpus}"
+        if product is not None and product not in supply:
+            yield w.resource, (
+                f"{asks} on nodes labelled {product_label}={product}, but no node in the stack carries "
+                f"that label (declared: {_fmt(supply)}): the pods stay Pending with 'didn't match Pod's "
+                f"node affinity/selector'. Fix the nodeSelector or label the node (NodePatch).")
+        elif product is not None and per_product[product] > supply[product]:
+            yield w.resource, (
+                f"{asks} of {product}; all workloads together want {per_product[product]} but the "
+                f"stack's nodes declare only {supply[product]}: the extra pods stay Pending with "
+                f"'Insufficient {GPU}' (scaling works only while cards are free). Lower replicas/"
+                f"maxReplicas or add nodes.")
+        elif product is None and total_demand > total_supply:
+            yield w.resource, (
+                f"{asks}; all GPU workloads together want {total_demand} but the stack's nodes declare "
+                f"only {total_supply} ({_fmt(supply)}): the extra pods stay Pending with 'Insufficient "
+                f"{GPU}'. Lower replicas/maxReplicas or add nodes.")
+
+
+def _fmt(supply: Mapping[str, int]) -> str:
+    return ", ".join(f"{p}: {n}" for p, n in sorted(supply.items())) or "none"
+
+
+# --- autoscaling ---------------------------------------------------------------------
+
+CPU_MEMORY = ("cpu", "memory")
+
+
+def _only_cpu_memory(metrics: Sequence) -> bool:
+    names = []
+    for metric in metrics:
+        metric = as_map(metric)
+        kind = metric.get("type")
+        if kind not in ("Resource", "ContainerResource"):
+            return False
+        key = "resource" if kind == "Resource" else "containerResource"
+        names.append(dig(metric, key, "name"))
+    return all(n in CPU_MEMORY for n in names)
+
+
+def check_gpu_hpa(resources: list[Resource], cfg: Mapping) -> Iterator[tuple[Resource, str]]:
+    minimum = int(cfg["minScaleDownWindowSeconds"])
+    gpu_workloads = [w for w in workloads(resources) if w.gpus_per_pod]
+    for s in scalers(resources):
+        if s.resource.type != k8s.HPA or not any(drives(s, w) for w in gpu_workloads):
+            continue
+        found = attempt(_hpa_problems, s.resource, minimum, default=[])
+        for message in found:
+            yield s.resource, message
+
+
+def _hpa_problems(hpa: Resource, minimum: int) -> list[str]:
+    spec = as_map(hpa.view.get("spec"))
+    problems = []
+    metrics = as_list(spec.get("metrics"))
+    if _only_cpu_memory(metrics):
+        what = "no metrics (defaults to 80% CPU)" if not metrics else "CPU/memory only"
+        problems.append(
+            f"HPA on a GPU workload scales on {what}: inference load shows up in the request queue, "
+            f"not in CPU, so it scales at the wrong time or never. Scale on a Pods metric such as "
+            f"vllm_num_requests_waiting (via prometheus-adapter).")
+    window = to_int(dig(spec, "behavior", "scaleDown", "stabilizationWindowSeconds"))
+    window = HPA_DEFAULT_SCALE_DOWN_WINDOW if window is None else window
+    if window < minimum:
+        problems.append(
+            f"HPA scale-down stabilization window is {window}s (< {minimum}s): a new pod needs minutes "
+            f"to load its model, so a short window removes and re-adds GPU pods in a loop. Set "
+            f"behavior.scaleDown.stabilizationWindowSeconds >= {minimum}.")
+    return problems
+
+
+def check_single_autoscaler(resources: list[Resource], _cfg: Mapping) -> Iterator[tuple[Resource, str]]:
+    all_scalers = scalers(resources)
+    keda = [s for s in all_scalers if s.resource.type == k8s.SCALED_OBJECT]
+    for hpa in (s for s in all_scalers if s.resource.type == k8s.HPA):
+        for so in keda:
+            same = (hpa.namespace, hpa.target_kind, hpa.target_name) == (so.namespace, so.target_kind,
+                                                                         so.target_name)
+            if same:
+                yield hpa.resource, (
+                    f"{hpa.target_kind} {hpa.target_name} is scaled by this HPA and by KEDA "
+                    f"ScaledObject {so.resource.display_name}, which creates its own HPA "
+                    f"keda-hpa-{so.resource.display_name}: the two fight over replicas and pods "
+                    f"(each minutes to load) come and go. Keep one of them.")
+
+
+# --- ReadWriteOnce claims ---------------------------------------------------------------
+
+def rwo_claims(resources: Sequence[Resource]) -> dict[tuple[str, str], list[str]]:
+    def read(r: Resource) -> tuple[tuple[str, str], list[str]]:
+        return _object_key(r), [str(m) for m in as_list(dig(r.view, "spec", "accessModes"))]
+
+    claims = {}
+    for r in k8s.kinds_in(resources, frozenset({k8s.PVC})):
+        found = attempt(read, r)
+        if found and "ReadWriteMany" not in found[1] and any(m.startswith("ReadWriteOnce") for m in found[1]):
+            claims[found[0]] = found[1]
+    return claims
+
+
+def check_rwo_claims(resources: list[Resource], _cfg: Mapping) -> Iterator[tuple[Resource, str]]:
+    claims = rwo_claims(resources)
+    all_scalers = scalers(resources)
+    for w in workloads(resources):
+        if w.resource.type != k8s.DEPLOYMENT:
+            continue
+        replicas = attempt(max_replicas, w, all_scalers, default=1)
+        if replicas <= 1:
+            continue
+        for volume in k8s.volumes(w.spec).values():
+            claim = dig(volume, "persistentVolumeClaim", "claimName")
+            modes = claims.get((w.namespace, str(claim)))
+            if modes:
+                yield w.resource, (
+                    f"mounts claim {claim} ({', '.join(modes)}) but may run {replicas} replicas: the "
+                    f"second pod lands on another node and hangs in ContainerCreating with "
+                    f"'Multi-Attach error'. Use a ReadWriteMany claim (NFS) shared by all replicas, a "
+                    f"StatefulSet with volumeClaimTemplates, or a single replica.")
+
+
+# --- Ingress in front of vLLM --------------------------------------------------------------
+
+def nginx_class(props: Mapping, class_names: Sequence[str]) -> bool:
+    name = dig(props, "spec", "ingressClassName")
+    if name is None:
+        name = as_map(dig(props, "metadata", "annotations")).get("kubernetes.io/ingress.class")
+    return name in class_names
+
+
+def backend_services(props: Mapping) -> set[str]:
+    spec = as_map(props.get("spec"))
+    backends = [spec.get("defaultBackend")]
+    for rule in as_list(spec.get("rules")):
+        backends += [as_map(p).get("backend") for p in as_list(dig(rule, "http", "paths"))]
+    return {str(dig(b, "service", "name")) for b in backends if dig(b, "service", "name")}
+
+
+def _object_key(resource: Resource) -> tuple[str, str]:
+    return namespace(resource.view), str(dig(resource.view, "metadata", "name"))
+
+
+def _serves_vllm(service: Resource, candidates: Sequence[Workload]) -> bool:
+    selector = as_map(dig(service.view, "spec", "selector"))
+    ns = namespace(service.view)
+    return any(w.namespace == ns and k8s.selects(selector, k8s.pod_labels(w.resource)) for w in candidates)
+
+
+def fronts_vllm(ingress: Resource, resources: Sequence[Resource]) -> bool:
+    """An Ingress counts as "in front of vLLM" unless every backend is a Service
+    of this stack that selects no GPU/vLLM pod: the policy cannot see pods that
+    live elsewhere, and a streaming API behind buffering is the costly mistake."""
+    ns = namespace(ingress.view)
+    services = {}
+    for service in k8s.kinds_in(resources, frozenset({k8s.SERVICE})):
+        key = attempt(_object_key, service)
+        if key:
+            services[key] = service
+    model_pods = [w for w in workloads(resources) if w.gpus_per_pod or w.vllm]
+    for name in backend_services(ingress.view):
+        service = services.get((ns, name))
+        if service is None or attempt(_serves_vllm, service, model_pods, default=True):
+            return True
+    return False
+
+
+def _timeout_problem(annotations: Mapping, key: str, minimum: int) -> str | None:
+    raw = annotations.get(f"nginx.ingress.kubernetes.io/{key}")
+    value = NGINX_DEFAULT_TIMEOUT if raw is None else to_int(raw)
+    if value is None:
+        return f"{key} {raw!r} is not a number of seconds"
+    if value < minimum:
+        return f"{key} is {value}s{' (nginx default)' if raw is None else ''}"
+    return None
+
+
+def check_ingress_streaming(resources: list[Resource], cfg: Mapping) -> Iterator[tuple[Resource, str]]:
+    minimum, classes = int(cfg["minProxyTimeoutSeconds"]), list(cfg["ingressClassNames"])
+    for ingress in k8s.kinds_in(resources, frozenset({k8s.INGRESS})):
+        try:
+            if not nginx_class(ingress.view, classes) or not fronts_vllm(ingress, resources):
+                continue
+            annotations = as_map(dig(ingress.view, "metadata", "annotations"))
+            buffering = annotations.get("nginx.ingress.kubernetes.io/proxy-buffering")
+            timeouts = [_timeout_problem(annotations, k, minimum) for k in ("proxy-read-timeout",
+                                                                         "proxy-send-timeout")]
+        except Unknown:
+            continue
+        if buffering != "off":
+            yield ingress, (
+                "nginx buffers the upstream response (proxy-buffering is not \"off\"): streamed tokens "
+                "arrive all at once at the end, so streaming looks broken. Add annotation "
+                "nginx.ingress.kubernetes.io/proxy-buffering: \"off\".")
+        problems = [t for t in timeouts if t]
+        if problems:
+            yield ingress, (
+                f"{'; '.join(problems)} (< {minimum}s): long generations and a slow first token are cut "
+                f"off with 504 Gateway Time-out. Set nginx.ingress.kubernetes.io/proxy-read-timeout and "
+                f"proxy-send-timeout to \"{minimum}\" or more.")
+
+
+RULES = [
+    Rule("gpu-capacity", "GPUs demanded at max replicas fit the GPUs the stack's nodes declare, per product.",
+         MANDATORY, check_gpu_capacity,
+         config={"gpuProductLabel": {"type": "string", "default": "nvidia.com/gpu.product",
+                                     "description": "Node label naming the GPU product."},
+                 "gpuCountLabel": {"type": "string", "default": "nvidia.com/gpu.count",
+                                   "description": "Node label with the number of GPUs (string integer)."}}),
+    Rule("gpu-hpa-scaling",
+         "An HPA on a GPU workload scales on more than CPU/memory and scales down slowly.",
+         MANDATORY, check_gpu_hpa,
+         config={"minScaleDownWindowSeconds": {"type": "integer", "minimum": 0, "default": 300,
+                                               "description": "Minimum behavior.scaleDown window."}}),
+    Rule("single-autoscaler", "A workload is not scaled by both an HPA and a KEDA ScaledObject.",
+         MANDATORY, check_single_autoscaler),
+    Rule("rwo-claim-single-replica",
+         "A Deployment that may run more than one replica mounts no ReadWriteOnce claim.",
+         MANDATORY, check_rwo_claims),
+    Rule("ingress-vllm-streaming",
+         "nginx Ingresses in front of vLLM disable proxy buffering and allow long proxy timeouts.",
+         MANDATORY, check_ingress_streaming,
+         config={"minProxyTimeoutSeconds": {"type": "integer", "minimum": 0, "default": 600,
+                                            "description": "Minimum proxy-read/send-timeout."},
+                 "ingressClassNames": {"type": "array", "items": {"type": "string"}, "default": ["nginx"],
+                                       "description": "Ingress classes served by ingress-nginx."}}),
+]

@@ -1,0 +1,102 @@
+"""`make diff`: what a change does to a rendered stack, summarised for review."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tools.diff import Snapshot, report, reruns
+from tools.render import ROOT
+
+PV = {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": "ai-models"}, "spec": {"capacity": {"storage": "912Gi"}}}
+SVC = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "qwen3", "namespace": "ai"}, "spec": {"ports": [{"port": 8000}]}}
+
+
+def step(name: str, script: str, host: str = "k8s-worker-02") -> dict:
+    return {"urn": f"urn:x::{name}", "name": name, "type": "command:remote:Command",
+            "inputs": {"create": script, "connection": {"host": host}}}
+
+
+def snapshot(objects: list[dict], steps: list[dict]) -> Snapshot:
+    keyed = {}
+    for obj in objects:
+        meta = obj["metadata"]
+        keyed["/".join([obj["kind"], *([meta["namespace"]] if "namespace" in meta else []), meta["name"]])] = obj
+    scripts = {f"nodes/{s['name'].split(':')[0]}/{s['name'].split(':')[1]}.sh": s["inputs"]["create"] for s in steps}
+    return Snapshot(keyed, {s["urn"]: s for s in steps}, scripts)
+
+
+BASE = snapshot([PV, SVC], [step("n1:10-preflight", "echo check\n"), step("n1:20-partition", "echo part\n")])
+
+
+def test_equal_renders_report_no_change() -> None:
+    text, differs = report(BASE, copy.deepcopy(BASE), "main", "prod")
+    assert not differs
+    assert "No change" in text
+
+
+def test_added_changed_and_removed_objects_are_listed() -> None:
+    bigger = copy.deepcopy(PV)
+    bigger["spec"]["capacity"]["storage"] = "1825Gi"
+    ingress = {"apiVersion": "networking.k8s.io/v1", "kind": "Ingress", "metadata": {"name": "qwen3", "namespace": "ai"}}
+    new = snapshot([bigger, ingress], [step("n1:10-preflight", "echo check\n"), step("n1:20-partition", "echo part\n")])
+    text, differs = report(BASE, new, "main", "prod")
+    assert differs
+    assert "| Kubernetes objects | 1 | 1 | 1 |" in text
+    assert "- Kubernetes objects added: `Ingress/ai/qwen3`" in text
+    assert "- Kubernetes objects changed: `PersistentVolume/ai-models`" in text
+    assert "- Kubernetes objects removed: `Service/ai/qwen3`" in text
+    assert "-    storage: 912Gi\n+    storage: 1825Gi" in text
+    assert "Node scripts `pulumi up` would run again: none" in text
+
+
+def test_a_changed_node_script_is_a_rerun_and_shows_its_diff() -> None:
+    new = snapshot([PV, SVC], [step("n1:10-preflight", "echo check\n"), step("n1:20-partition", "echo part v2\n"),
+                               step("n1:30-raid", "echo raid\n")])
+    text, differs = report(BASE, new, "main", "prod")
+    assert differs
+    assert "| node steps | 1 | 1 | 0 |" in text
+    assert reruns(BASE, new) == ["n1:20-partition", "n1:30-raid"]
+    assert "Node scripts `pulumi up` would run again: `n1:20-partition`, `n1:30-raid`" in text
+    assert "--- a/nodes/n1/20-partition.sh\n+++ b/nodes/n1/20-partition.sh" in text
+    assert "-echo part\n+echo part v2" in text
+    assert "--- /dev/null\n+++ b/nodes/n1/30-raid.sh" in text
+
+
+def test_a_new_connection_reruns_the_step_but_a_removed_step_does_not() -> None:
+    new = snapshot([PV, SVC], [step("n1:10-preflight", "echo check\n", host="10.0.0.9")])
+    assert reruns(BASE, new) == ["n1:10-preflight"]
+    text, _ = report(BASE, new, "main", "prod")
+    assert "- node steps removed: `n1:20-partition`" in text
+
+
+@pytest.fixture
+def clone(tmp_path: Path) -> Path:
+    repo = tmp_path / "repo"
+    subprocess.run(["git", "clone", "--quiet", str(ROOT), str(repo)], check=True)
+    return repo
+
+
+def run_diff(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "tools.diff", *args], cwd=repo, capture_output=True, text=True, timeout=300)
+
+
+def test_end_to_end_on_a_clone(clone: Path) -> None:
+    same = run_diff(clone, "HEAD", "prod")
+    assert same.returncode == 0, same.stderr
+    stack = clone / "Pulumi.prod.yaml"
+    document = yaml.safe_load(stack.read_text())
+    document["config"]["gpu-serving:nodes"][0]["storage"]["sizeGb"] = 2000
+    stack.write_text(yaml.safe_dump(document))
+    changed = run_diff(clone, "HEAD", "prod")
+    assert changed.returncode == 1, changed.stderr
+    assert "- Kubernetes objects changed: `PersistentVolume/ai-models`" in changed.stdout
+    assert "+    storage: 1825Gi" in changed.stdout
+    bad = run_diff(clone, "no-such-ref", "prod")
+    assert bad.returncode == 2
+    assert bad.stderr.startswith("diff: cannot check out 'no-such-ref'")
