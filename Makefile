@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STACK ?= prod
 STAMP := $(VENV)/.installed
 
-.PHONY: help venv render test test-vm lint policy-check clean
+.PHONY: help venv render test test-vm lint policy-check diff clean
 
 help:
 	@echo "make render [STACK=prod]   render the stack offline into rendered/<stack>/"
@@ -14,6 +14,7 @@ help:
 	@echo "make test-vm               run the node scripts on a throwaway qemu VM (slow)"
 	@echo "make lint                  ruff, shellcheck, yamllint"
 	@echo "make policy-check FILES=…  check plain Kubernetes YAML with the policy pack"
+	@echo "make diff BASE=<ref>       what the working tree changes in the rendered stack"
 
 venv: $(STAMP)
 
@@ -38,6 +39,14 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/shellcheck $(SHELL_SCRIPTS)
 	$(VENV)/bin/yamllint -s Pulumi.yaml Pulumi.*.yaml
+
+policy-check: $(STAMP)
+	@test -n "$(FILES)" || { echo 'usage: make policy-check FILES="a.yaml b.yaml"' >&2; exit 2; }
+	$(PY) -m policy.check_yaml $(FILES)
+
+diff: $(STAMP)
+	@test -n "$(BASE)" || { echo 'usage: make diff BASE=<git ref> [STACK=prod]' >&2; exit 2; }
+	$(PY) -m tools.diff $(BASE) $(STACK)
 
 clean:
 	rm -rf rendered .pytest_cache

@@ -9,7 +9,8 @@ plugin or cluster is needed, so reviewers can run this in a pull request.
 
 Writes `manifests.yaml` (every Kubernetes object, apply-ready, stable order), `resources.json`
 (every Pulumi resource with the options that matter), `outputs.json` (stack outputs) and
-`nodes/<node>/NN-<step>.sh` (the exact scripts `pulumi up` sends to each node). Secret
+`nodes/<node>/NN-<step>.sh` (the exact scripts `pulumi up` sends to each node) and
+`policy.txt` (the policy pack's findings; a mandatory one fails the render). Secret
 values are written as `[secret]`. Two renders of one config are byte-identical.
 """
 
@@ -63,6 +64,8 @@ class Render:
     resources: list[Resource] = field(default_factory=list)
     outputs: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    config: Any = None
+    """The validated StackConfig the program ran with."""
 
     def kubernetes_objects(self) -> list[dict[str, Any]]:
         objects = [
@@ -159,7 +162,7 @@ def run_program(stack: str, root: Path = ROOT, overrides: dict[str, str] | None 
         secrets.add(f"{project}:{key}")
     _add_missing_secrets(project, values, secrets)
 
-    render = Render(stack)
+    render = Render(stack, config=_parsed(project, values, secrets))
 
     class Engine(pulumi.runtime.Mocks):
         def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict[str, Any]]:
@@ -211,8 +214,8 @@ def run_program(stack: str, root: Path = ROOT, overrides: dict[str, str] | None 
     return render
 
 
-def _add_missing_secrets(project: str, values: dict[str, str], secrets: set[str]) -> None:
-    """Give every secret the stack reads a placeholder, as `pulumi config set --secret` would a value."""
+def _parsed(project: str, values: dict[str, str], secrets: set[str]) -> Any:
+    """The StackConfig these values make, or None when the program will report a config error."""
     from stacks.config import ConfigError, parse
 
     raw = {}
@@ -223,10 +226,15 @@ def _add_missing_secrets(project: str, values: dict[str, str], secrets: set[str]
             except json.JSONDecodeError:
                 raw[full.split(":", 1)[1]] = value
     try:
-        keys = parse(raw).secret_keys()
+        return parse(raw)
     except ConfigError:
-        return  # the program reports the config error itself
-    for key in keys:
+        return None
+
+
+def _add_missing_secrets(project: str, values: dict[str, str], secrets: set[str]) -> None:
+    """Give every secret the stack reads a placeholder, as `pulumi config set --secret` would a value."""
+    stack = _parsed(project, values, secrets)
+    for key in stack.secret_keys() if stack else []:
         full = f"{project}:{key}"
         if full not in values:
             values[full] = PLACEHOLDER.format(key=full)
@@ -275,10 +283,36 @@ def write(render: Render, out: Path) -> list[Path]:
         for r in render.resources
     ]
     written.append(_write(out / "resources.json", json.dumps(resources, indent=2, sort_keys=True) + "\n"))
+    written.append(_write(out / "policy.txt", "".join(f"{line}\n" for line in policy_lines(render, resources))))
     written.append(_write(out / "outputs.json", json.dumps(redact(render.outputs), indent=2, sort_keys=True) + "\n"))
     for path, text in node_scripts(render).items():
         written.append(_write(out / path, text))
     return written
+
+
+def policy_config(render: Render) -> dict[str, dict[str, Any]]:
+    """The policy pack's thresholds that follow from the stack's own choices."""
+    if render.config is None:
+        return {}
+    cluster = render.config.cluster
+    return {
+        "gpu-taint-toleration": {"gpuTaintKey": cluster.gpu_taint.key},
+        "gpu-node-selector": {"gpuProductLabel": cluster.gpu_product_label},
+        "gpu-capacity": {"gpuProductLabel": cluster.gpu_product_label},
+        "ingress-vllm-streaming": {"ingressClassNames": [cluster.ingress_class]},
+    }
+
+
+def policy_violations(render: Render, resources: list[dict[str, Any]]) -> list[Any]:
+    from policy.rules import check_resources
+
+    return check_resources(resources, config=policy_config(render), source="resources.json")
+
+
+def policy_lines(render: Render, resources: list[dict[str, Any]]) -> list[str]:
+    from policy.rules import format_line
+
+    return sorted(format_line(v) for v in policy_violations(render, resources))
 
 
 def node_scripts(render: Render) -> dict[str, str]:
@@ -313,6 +347,12 @@ def main(argv: list[str] | None = None) -> int:
     files = write(render, out)
     for warning in render.warnings:
         print(f"warning: {warning}", file=sys.stderr)
+    policy = (out / "policy.txt").read_text().splitlines()
+    mandatory = [line for line in policy if line.startswith("mandatory ")]
+    if mandatory:
+        print("\n".join(mandatory), file=sys.stderr)
+        print(f"render {args.stack}: {len(mandatory)} mandatory policy violation(s); see {out / 'policy.txt'}", file=sys.stderr)
+        return 1
     kinds = len(render.kubernetes_objects())
     print(f"rendered {args.stack}: {len(render.resources)} resources, {kinds} Kubernetes objects, "
           f"{len(files)} files in {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}")
