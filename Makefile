@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STACK ?= prod
 STAMP := $(VENV)/.installed
 
-.PHONY: help venv render test test-vm lint policy-check diff clean
+.PHONY: help venv render test test-vm lint policy-check diff checkov lab-vm lab-vm-stop bench clean
 
 help:
 	@echo "make render [STACK=prod]   render the stack offline into rendered/<stack>/"
@@ -15,6 +15,8 @@ help:
 	@echo "make lint                  ruff, shellcheck, yamllint"
 	@echo "make policy-check FILES=…  check plain Kubernetes YAML with the policy pack"
 	@echo "make diff BASE=<ref>       what the working tree changes in the rendered stack"
+	@echo "make lab-vm / lab-vm-stop  the lab stack's node: a throwaway VM on 127.0.0.1:2222"
+	@echo "make bench                 benchmarks into docs/BENCHMARKS.md"
 
 venv: $(STAMP)
 
@@ -26,7 +28,7 @@ $(STAMP): requirements.txt requirements-dev.txt
 render: $(STAMP)
 	$(PY) -m tools.render $(STACK)
 
-test: $(STAMP)
+test: $(STAMP) $(CHECKOV)
 	$(PY) -m pytest -q
 
 test-vm: $(STAMP)
@@ -40,6 +42,17 @@ lint: $(STAMP)
 	$(VENV)/bin/shellcheck $(SHELL_SCRIPTS)
 	$(VENV)/bin/yamllint -s Pulumi.yaml Pulumi.*.yaml
 
+# checkov's dependencies conflict with pulumi's: it gets a venv of its own.
+CHECKOV_VENV := .venv-checkov
+CHECKOV := $(CHECKOV_VENV)/bin/checkov
+
+$(CHECKOV):
+	$(PYTHON) -m venv $(CHECKOV_VENV)
+	$(CHECKOV_VENV)/bin/pip install --quiet --disable-pip-version-check checkov==3.3.30
+
+checkov: $(CHECKOV) render
+	BC_SKIP_MAPPING=TRUE $(CHECKOV) --config-file .checkov.yaml -d rendered/$(STACK)
+
 policy-check: $(STAMP)
 	@test -n "$(FILES)" || { echo 'usage: make policy-check FILES="a.yaml b.yaml"' >&2; exit 2; }
 	$(PY) -m policy.check_yaml $(FILES)
@@ -47,6 +60,16 @@ policy-check: $(STAMP)
 diff: $(STAMP)
 	@test -n "$(BASE)" || { echo 'usage: make diff BASE=<git ref> [STACK=prod]' >&2; exit 2; }
 	$(PY) -m tools.diff $(BASE) $(STACK)
+
+lab-vm: $(STAMP)
+	bash tests/vm/install-host-deps.sh
+	$(PY) -m tools.lab_vm start
+
+lab-vm-stop: $(STAMP)
+	$(PY) -m tools.lab_vm stop
+
+bench: $(STAMP)
+	$(PY) -m tools.bench $(BENCH_ARGS)
 
 clean:
 	rm -rf rendered .pytest_cache

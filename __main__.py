@@ -4,12 +4,17 @@ import pulumi
 
 import stacks
 from components.cluster import ClusterArgs, ClusterBase, kubernetes_provider
+from components.node import GpuNode, GpuNodeArgs
+from components.serving import VllmService, VllmServiceArgs, adapter_rules, needs_adapter_rules
 from components.storage import ModelStorage, ModelStorageArgs
 
 config = stacks.load()
 kubernetes = pulumi.ResourceOptions(providers=[kubernetes_provider(config.cluster)])
 
-cluster = ClusterBase("cluster", ClusterArgs(config.cluster), opts=kubernetes)
+rules = adapter_rules() if needs_adapter_rules(config.cluster, config.models) else None
+cluster = ClusterBase("cluster", ClusterArgs(config.cluster, adapter_rules=rules), opts=kubernetes)
+
+nodes = {node.name: GpuNode(node.name, GpuNodeArgs.from_config(node, config.cluster), opts=kubernetes) for node in config.nodes}
 
 storage_node = config.node(config.model_storage.node) if config.model_storage.type == "local" else None
 model_storage = ModelStorage(
@@ -19,12 +24,14 @@ model_storage = ModelStorage(
         namespace=config.cluster.namespace,
         capacity_gib=config.capacity_gib,
         mountpoint=storage_node.storage.mountpoint if storage_node and storage_node.storage else None,
-        ready=[cluster],
+        # The PV waits for the storage node's last disk step: the array is mounted at its configured size.
+        ready=[cluster, *(nodes[storage_node.name].storage_ready if storage_node else [])],
     ),
     opts=kubernetes,
 )
 
 pulumi.export("namespace", cluster.namespace)
+pulumi.export("nodes", {name: node.outputs for name, node in nodes.items()})
 pulumi.export(
     "modelStorage",
     {
@@ -32,5 +39,36 @@ pulumi.export(
         "volume": model_storage.volume_name,
         "capacity": model_storage.capacity,
         "accessMode": model_storage.access_mode,
+    },
+)
+
+services = [
+    VllmService(
+        model.name,
+        VllmServiceArgs(
+            model=model,
+            cluster=config.cluster,
+            claim_name=model_storage.claim_name,
+            storage_is_local=config.model_storage.type == "local",
+            hf_token=stacks.secret(config.hf_token_secret),
+            api_key=stacks.secret(model.api_key_secret) if model.api_key_secret else None,
+        ),
+        opts=kubernetes,
+    )
+    for model in config.models
+]
+
+pulumi.export("prometheusAdapterRules", cluster.adapter_rules)
+pulumi.export(
+    "models",
+    {
+        model.name: {
+            "url": service.url,
+            "ingressUrl": service.ingress_url,
+            "servedModelName": service.served_model_name,
+            "gpusPerReplica": service.gpus_per_replica,
+            "replicas": service.replicas,
+        }
+        for model, service in zip(config.models, services, strict=True)
     },
 )

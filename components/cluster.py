@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import pulumi
 import pulumi_kubernetes as k8s
@@ -26,9 +27,81 @@ def kubernetes_provider(cluster: ClusterConfig) -> k8s.Provider:
     )
 
 
+def runtime_class(cluster: ClusterConfig) -> dict[str, Any] | None:
+    """RuntimeClass `<runtimeClassName>` → handler `nvidia` (the runtime nvidia-ctk / k3s add), when GPU
+    pods name one; None when the NVIDIA runtime is the nodes' default and pods name no class."""
+    if cluster.runtime_class_name is None:
+        return None
+    return dict(
+        metadata=k8s.meta.v1.ObjectMetaArgs(name=cluster.runtime_class_name, labels=PART_OF),
+        handler="nvidia",
+        # Pods of this class only fit GPU nodes: the scheduler adds this selector to them.
+        scheduling=k8s.node.v1.SchedulingArgs(node_selector={"nvidia.com/gpu.present": "true"}),
+    )
+
+
+DEVICE_PLUGIN_LABELS = {"app.kubernetes.io/name": "nvidia-device-plugin", **PART_OF}
+
+
+def device_plugin(cluster: ClusterConfig) -> dict[str, Any] | None:
+    """The NVIDIA device plugin (NVIDIA's static manifest as typed objects), pinned, on the labelled GPU nodes."""
+    plugin = cluster.device_plugin
+    if not plugin.enabled:
+        return None
+    taint = cluster.gpu_taint
+    selector = {"app.kubernetes.io/name": "nvidia-device-plugin"}
+    container = k8s.core.v1.ContainerArgs(
+        name="nvidia-device-plugin",
+        image=plugin.image,
+        image_pull_policy="IfNotPresent",
+        # Keep running (and advertise nothing) on a node whose driver is not ready yet.
+        env=[k8s.core.v1.EnvVarArgs(name="FAIL_ON_INIT_ERROR", value="false")],
+        security_context=k8s.core.v1.SecurityContextArgs(
+            allow_privilege_escalation=False,
+            capabilities=k8s.core.v1.CapabilitiesArgs(drop=["ALL"]),
+        ),
+        resources=k8s.core.v1.ResourceRequirementsArgs(
+            requests={"cpu": "10m", "memory": "32Mi"}, limits={"cpu": "100m", "memory": "128Mi"}
+        ),
+        volume_mounts=[k8s.core.v1.VolumeMountArgs(name="device-plugin", mount_path="/var/lib/kubelet/device-plugins")],
+    )
+    return dict(
+        metadata=k8s.meta.v1.ObjectMetaArgs(name="nvidia-device-plugin", namespace=plugin.namespace, labels=DEVICE_PLUGIN_LABELS),
+        spec=k8s.apps.v1.DaemonSetSpecArgs(
+            selector=k8s.meta.v1.LabelSelectorArgs(match_labels=selector),
+            update_strategy=k8s.apps.v1.DaemonSetUpdateStrategyArgs(type="RollingUpdate"),
+            template=k8s.core.v1.PodTemplateSpecArgs(
+                metadata=k8s.meta.v1.ObjectMetaArgs(labels=DEVICE_PLUGIN_LABELS),
+                spec=k8s.core.v1.PodSpecArgs(
+                    # GpuNode labels every configured GPU node with this (no Node Feature Discovery needed).
+                    node_selector={"nvidia.com/gpu.present": "true"},
+                    tolerations=[
+                        k8s.core.v1.TolerationArgs(key=taint.key, operator="Exists", effect=taint.effect),
+                        k8s.core.v1.TolerationArgs(key="CriticalAddonsOnly", operator="Exists"),
+                    ],
+                    # system-node-critical is admitted in kube-system only (default ResourceQuota scope).
+                    priority_class_name="system-node-critical" if plugin.namespace == "kube-system" else None,
+                    # NVML comes from the NVIDIA runtime: the plugin needs it like any GPU pod.
+                    runtime_class_name=cluster.runtime_class_name,
+                    automount_service_account_token=False,
+                    containers=[container],
+                    volumes=[
+                        k8s.core.v1.VolumeArgs(
+                            name="device-plugin",
+                            host_path=k8s.core.v1.HostPathVolumeSourceArgs(path="/var/lib/kubelet/device-plugins", type="Directory"),
+                        )
+                    ],
+                ),
+            ),
+        ),
+    )
+
+
 @dataclass(frozen=True)
 class ClusterArgs:
     cluster: ClusterConfig
+    adapter_rules: str | None = None
+    """prometheus-adapter `config.yaml` for the models' HPAs (components.serving.adapter_rules); None: no ConfigMap."""
 
 
 class ClusterBase(pulumi.ComponentResource):
@@ -36,6 +109,8 @@ class ClusterBase(pulumi.ComponentResource):
 
     namespace: pulumi.Output[str]
     """Namespace of every namespaced object of the stack."""
+    adapter_rules: pulumi.Output[str | None]
+    """`namespace/name` of the prometheus-adapter rules ConfigMap, when the stack has HPAs."""
 
     def __init__(self, name: str, args: ClusterArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("gpu-serving:cluster:ClusterBase", name, None, opts)
@@ -50,4 +125,22 @@ class ClusterBase(pulumi.ComponentResource):
             self.namespace = namespace.metadata.apply(lambda m: m.name)
         else:
             self.namespace = pulumi.Output.from_input(cluster.namespace)
-        self.register_outputs({"namespace": self.namespace})
+        gpu_runtime = runtime_class(cluster)
+        if gpu_runtime is not None:
+            k8s.node.v1.RuntimeClass(f"{name}-runtime-class", **gpu_runtime, opts=pulumi.ResourceOptions(parent=self))
+        plugin = device_plugin(cluster)
+        if plugin is not None:
+            k8s.apps.v1.DaemonSet(f"{name}-device-plugin", **plugin, opts=pulumi.ResourceOptions(parent=self))
+        self.adapter_rules = pulumi.Output.from_input(None)
+        if args.adapter_rules is not None:
+            adapter = cluster.prometheus_adapter
+            # In the adapter's own format and namespace: point the adapter at it (chart value
+            # `rules.existing`); the adapter reads rules only at start, so restart it after a change.
+            rules = k8s.core.v1.ConfigMap(
+                f"{name}-adapter-rules",
+                metadata=k8s.meta.v1.ObjectMetaArgs(name=adapter.config_map_name, namespace=adapter.namespace, labels=PART_OF),
+                data={"config.yaml": args.adapter_rules},
+                opts=pulumi.ResourceOptions(parent=self),
+            )
+            self.adapter_rules = rules.metadata.apply(lambda m: f"{m.namespace}/{m.name}")
+        self.register_outputs({"namespace": self.namespace, "adapterRules": self.adapter_rules})

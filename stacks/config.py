@@ -7,6 +7,7 @@ declared, and every error names the key path the user has to change.
 
 from __future__ import annotations
 
+import json
 import math
 import posixpath
 import re
@@ -121,6 +122,10 @@ class Cluster(_Model):
     gpu_product_label: str = Field("nvidia.com/gpu.product", pattern=r"^([a-z0-9.-]+/)?[A-Za-z0-9._-]+$")
     device_plugin: DevicePlugin = DevicePlugin()
     prometheus_adapter: PrometheusAdapter = PrometheusAdapter()
+    runtime_class_name: K8sName | None = None
+    """RuntimeClass of GPU pods (e.g. `nvidia`) when the NVIDIA runtime is not the node's default."""
+    prometheus_url: str = Field("http://prometheus-operated.monitoring.svc:9090", pattern=r"^https?://[A-Za-z0-9.:_\[\]-]+(/[A-Za-z0-9._~/-]*)?$")
+    """Prometheus that KEDA queries for the vLLM queue length (autoscaling `keda`)."""
 
 
 # ---------------------------------------------------------------------------- nodes
@@ -139,7 +144,8 @@ class Ssh(_Model):
 class Gpu(_Model):
     product: LabelValue = Field(min_length=1)
     """Value of the GPU product node label; models choose nodes by it."""
-    count: int = Field(ge=1, le=64)
+    count: int = Field(ge=1, le=256)
+    """`nvidia.com/gpu` the node advertises: cards, or MIG slices (16 cards × 7 slices = 112)."""
 
 
 class NodeStorage(_Model):
@@ -268,6 +274,17 @@ class Ingress(_Model):
 class Replicas(_Model):
     min: int = Field(1, ge=0, le=100)
     max: int = Field(1, ge=1, le=100)
+    target_requests_waiting: int = Field(3, ge=1, le=10_000)
+    """Autoscaling target: average `vllm:num_requests_waiting` per pod."""
+
+    @field_validator("min")
+    @classmethod
+    def _not_zero(cls, value: int) -> int:
+        if value == 0:
+            # The queue gauge is exported by the vLLM pods themselves: at zero pods there is no
+            # metric, so no autoscaler could ever scale back up.
+            raise ValueError("0 replicas can never scale up again (the queue metric comes from the vLLM pods); use 1 or more")
+        return value
 
     @model_validator(mode="after")
     def _ordered(self) -> Replicas:
@@ -280,6 +297,38 @@ ImageRef = Annotated[
     str,
     StringConstraints(pattern=r"^[a-z0-9][a-z0-9._/:-]*[a-z0-9](:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}|@sha256:[0-9a-f]{64})$"),
 ]
+
+
+# Flags the bundle sets from typed config (or must not be changed behind its back). Aliases
+# included: vLLM's parser accepts `_` for `-` and short forms such as `-tp`.
+BUNDLE_FLAGS = {
+    "--model": "huggingFaceId", "--served-model-name": "name", "--revision": "revision",
+    "--tokenizer-revision": "revision", "--host": "the bundle (0.0.0.0)", "--port": "the bundle (8000)",
+    "--download-dir": "the bundle (the model volume)", "--tensor-parallel-size": "gpusPerReplica", "-tp": "gpusPerReplica",
+    "--pipeline-parallel-size": "gpusPerReplica (one pod owns exactly its GPUs)", "-pp": "gpusPerReplica (one pod owns exactly its GPUs)",
+    "--data-parallel-size": "replicas", "-dp": "replicas",
+    "--gpu-memory-utilization": "gpuMemoryUtilization", "--max-model-len": "maxModelLen",
+    "--api-key": "apiKeySecret (a literal would land in the manifest)",
+    "--disable-log-stats": "nothing: it removes the queue metric autoscaling and monitoring read",
+}
+# Environment the bundle sets; overriding it breaks offline start, the secrets or GPU isolation.
+BUNDLE_ENV = {
+    "HF_TOKEN": "hfTokenSecret", "HUGGING_FACE_HUB_TOKEN": "hfTokenSecret", "VLLM_API_KEY": "apiKeySecret",
+    "HF_HUB_OFFLINE": "the bundle (serving pods never download)", "HF_HOME": "the bundle (the model volume)",
+    "HF_HUB_CACHE": "the bundle (the model volume)", "TRANSFORMERS_OFFLINE": "the bundle",
+    "CUDA_VISIBLE_DEVICES": "the device plugin (a pod sees only its GPUs)",
+    "NVIDIA_VISIBLE_DEVICES": "the device plugin (a pod sees only its GPUs)",
+}
+# Object names are `vllm-<name>` plus suffixes up to `-dl-<8 hex>` (Job names are also pod label values: ≤ 63).
+MODEL_NAME_MAX = 40
+
+
+def flag_name(arg: str) -> str | None:
+    """`--tensor_parallel_size=2` → `--tensor-parallel-size`; None for a value."""
+    if not arg.startswith("-") or arg == "-" or arg[1:2].isdigit():
+        return None
+    name = arg.split("=", 1)[0]
+    return "-" * (len(name) - len(name.lstrip("-"))) + name.lstrip("-").replace("_", "-")
 
 
 class Model(_Model):
@@ -302,6 +351,8 @@ class Model(_Model):
     """Secret config key holding the vLLM API key; unset serves without one."""
     cpu: str = Field("4", pattern=r"^[0-9]+(\.[0-9]+|m)?$")
     memory: str = Field("16Gi", pattern=r"^[0-9]+(Ki|Mi|Gi|Ti)$")
+    smoke_test: bool = True
+    """After each rollout, a Job asks the model for one token; `pulumi up` fails when inference does not answer."""
 
     @field_validator("image")
     @classmethod
@@ -310,12 +361,30 @@ class Model(_Model):
             raise ValueError(f"{image!r} is not pinned; use a version tag such as vllm/vllm-openai:v0.11.0")
         return image
 
+    @field_validator("name")
+    @classmethod
+    def _short_enough(cls, name: str) -> str:
+        if len(name) > MODEL_NAME_MAX:
+            raise ValueError(f"at most {MODEL_NAME_MAX} characters: object names are vllm-<name> plus suffixes and must stay ≤ 63")
+        return name
+
+    @field_validator("extra_args")
+    @classmethod
+    def _not_bundle_flags(cls, args: list[str]) -> list[str]:
+        for arg in args:
+            flag = flag_name(arg)
+            if flag in BUNDLE_FLAGS:
+                raise ValueError(f"{arg!r}: {flag} is set by the bundle from {BUNDLE_FLAGS[flag]}; change that key instead")
+        return args
+
     @field_validator("env")
     @classmethod
     def _no_literal_secrets(cls, env: dict[str, str]) -> dict[str, str]:
         for name in env:
             if SECRET_LIKE.search(name):
                 raise ValueError(f"{name} looks like a secret; literal env values land in the manifest, use *Secret keys")
+            if name in BUNDLE_ENV:
+                raise ValueError(f"{name} is set by the bundle from {BUNDLE_ENV[name]}; remove it from env")
         return env
 
 
@@ -340,7 +409,18 @@ class StackConfig(_Model):
         self._check_same_host_collisions()
         self._check_storage_node()
         self._check_models()
+        self._check_runtimes()
         return self
+
+    def _check_runtimes(self) -> None:
+        # k3s/rke2 add the `nvidia` runtime but never make it the default: GPU pods must name it.
+        for i, node in enumerate(self.nodes):
+            if node.container_runtime in ("k3s", "rke2") and self.cluster.runtime_class_name is None:
+                raise _at(
+                    f"nodes[{i}].containerRuntime",
+                    f"{node.container_runtime} does not make the NVIDIA runtime its default, so GPU pods must name it: "
+                    "set cluster.runtimeClassName: nvidia",
+                )
 
     def _check_same_host_collisions(self) -> None:
         # Two node entries may point at one machine (e.g. a lab VM); their arrays and mounts must not meet.
@@ -367,6 +447,7 @@ class StackConfig(_Model):
             raise _at("modelStorage.node", f"node {storage.node!r} has no `storage.disks`, so there is no RAID mount to serve models from")
 
     def _check_models(self) -> None:
+        self._check_replicas_and_routes()
         demand: Counter[str] = Counter()
         for i, model in enumerate(self.models):
             nodes = [n for n in self.nodes if n.gpu.product == model.gpu_product]
@@ -418,6 +499,30 @@ class StackConfig(_Model):
                 f"{home.name} ({home.gpu.count} GPUs) and a ReadWriteOnce volume cannot attach to a second node — "
                 "use shared storage (modelStorage.type: nfs or storageClass) or lower replicas.max",
             )
+
+    def _check_replicas_and_routes(self) -> None:
+        hosts: dict[str, tuple[int, str | None]] = {}
+        routes: dict[tuple[str, str], int] = {}
+        for i, model in enumerate(self.models):
+            if self.cluster.autoscaling == "none" and model.replicas.min != model.replicas.max:
+                raise _at(
+                    f"models[{i}].replicas",
+                    f"min {model.replicas.min} ≠ max {model.replicas.max} but cluster.autoscaling is none, so nothing "
+                    "would ever scale between them — set min == max or choose hpa or keda",
+                )
+            if model.ingress is None:
+                continue
+            host, path = model.ingress.host, model.ingress.path.rstrip("/") or "/"
+            other = routes.setdefault((host, path), i)
+            if other != i:
+                raise _at(f"models[{i}].ingress.path", f"{host}{path} is already routed to models[{other}]; give each model its own path")
+            first, secret = hosts.setdefault(host, (i, model.ingress.tls_secret))
+            if secret != model.ingress.tls_secret:
+                # nginx serves one certificate per host; two secrets for one host means one is ignored.
+                raise _at(
+                    f"models[{i}].ingress.tlsSecret",
+                    f"{host} already uses tlsSecret {secret!r} in models[{first}]; one host has one certificate",
+                )
 
     def node(self, name: str) -> Node | None:
         return next((n for n in self.nodes if n.name == name), None)
@@ -480,7 +585,7 @@ def parse(raw: dict[str, Any]) -> StackConfig:
     for key in sorted(set(raw) - set(TOP_LEVEL_KEYS)):
         if key in stack.secret_keys():
             raise ConfigError(f"{key}: holds a secret but is stored in plain text; set it with `pulumi config set --secret {key}`")
-        raise ConfigError(f"{key}: unknown config key; allowed: {', '.join(TOP_LEVEL_KEYS)} and the stack's secret keys")
+        raise ConfigError(f"{_key_name(key)}: unknown config key; allowed: {', '.join(TOP_LEVEL_KEYS)} and the stack's secret keys")
     return stack
 
 
@@ -510,8 +615,14 @@ def _key_path(loc: tuple[Any, ...]) -> str:
         elif part in ("local", "nfs", "storageClass") and path.endswith("modelStorage"):
             continue  # the discriminated union's tag is not a key the user wrote
         else:
-            path += f".{part}" if path else str(part)
+            path += f".{_key_name(part)}" if path else _key_name(part)
     return path or "(stack)"
+
+
+def _key_name(key: Any) -> str:
+    """A key as the user can find it again: quoted when it is empty or holds odd characters."""
+    text = str(key)
+    return text if re.fullmatch(r"[A-Za-z0-9_-]+", text) else json.dumps(text)
 
 
 def _short(value: Any) -> str:

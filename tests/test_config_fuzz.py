@@ -89,7 +89,9 @@ def assert_loads_or_names_a_key(raw: dict[str, Any]) -> None:
         assert "\n" not in message, message
         match = ERROR.match(message)
         assert match, message
-        top = re.split(r"[.\[]", match["path"], maxsplit=1)[0]
+        path = match["path"]
+        quoted = path.startswith('"')
+        top = json.JSONDecoder().raw_decode(message, len("config error: "))[0] if quoted else re.split(r"[.\[]", path, maxsplit=1)[0]
         assert top in raw or top in TOP_LEVEL_KEYS, message
 
 

@@ -123,3 +123,25 @@ def test_secret_placeholders_stay_secret(render) -> None:  # type: ignore[no-unt
     assert redact(provider.inputs)["kubeconfig"] == "[secret]"
     out = json.dumps([redact(r.inputs) for r in result.resources]) + json.dumps(redact(result.outputs))
     assert canary not in out
+
+
+@pytest.mark.parametrize("stack", ["prod", "lab"])
+def test_every_stack_renders_without_a_mandatory_policy_violation(stack: str, tmp_path: Path) -> None:
+    result = render_cli(stack, "--out", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    policy = (tmp_path / "policy.txt").read_text()
+    assert "mandatory " not in policy
+
+
+def test_a_mandatory_policy_violation_fails_the_render(tmp_path: Path) -> None:
+    """A stack the config accepts but the pack refuses: the render must stop, pointing at policy.txt."""
+    from tools import render as render_module
+
+    original = render_module.policy_config
+    try:
+        # A cluster whose policy demands a longer startup probe than any model here has.
+        render_module.policy_config = lambda r: {"gpu-startup-probe": {"minStartupSeconds": 100_000}}  # type: ignore[assignment]
+        assert render_module.main(["prod", "--out", str(tmp_path)]) == 1
+    finally:
+        render_module.policy_config = original  # type: ignore[assignment]
+    assert "mandatory gpu-startup-probe" in (tmp_path / "policy.txt").read_text()

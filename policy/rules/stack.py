@@ -201,15 +201,41 @@ def check_single_autoscaler(resources: list[Resource], _cfg: Mapping) -> Iterato
 
 # --- ReadWriteOnce claims ---------------------------------------------------------------
 
-def rwo_claims(resources: Sequence[Resource]) -> dict[tuple[str, str], list[str]]:
-    def read(r: Resource) -> tuple[tuple[str, str], list[str]]:
-        return _object_key(r), [str(m) for m in as_list(dig(r.view, "spec", "accessModes"))]
+def single_node_volumes(resources: Sequence[Resource]) -> set[str]:
+    """PVs whose required node affinity names exactly one node: every pod using them runs there."""
 
+    def pinned(r: Resource) -> bool:
+        terms = as_list(dig(r.view, "spec", "nodeAffinity", "required", "nodeSelectorTerms"))
+        expressions = [e for t in terms for e in as_list(as_map(t).get("matchExpressions"))]
+        if len(terms) != 1 or len(expressions) != 1:
+            return False
+        expression = as_map(expressions[0])
+        return (expression.get("key") == "kubernetes.io/hostname" and expression.get("operator") == "In"
+                and len(as_list(expression.get("values"))) == 1)
+
+    return {str(dig(r.view, "metadata", "name")) for r in k8s.kinds_in(resources, frozenset({k8s.PV})) if attempt(pinned, r)}
+
+
+def rwo_claims(resources: Sequence[Resource]) -> dict[tuple[str, str], list[str]]:
+    """ReadWriteOnce claims that could be asked to attach on two nodes.
+
+    A claim bound to a single-node PV is left out: ReadWriteOnce is per node, and that PV's
+    affinity already keeps every replica on its node (ReadWriteOncePod stays in: it is per pod).
+    """
+
+    def read(r: Resource) -> tuple[tuple[str, str], list[str], str]:
+        modes = [str(m) for m in as_list(dig(r.view, "spec", "accessModes"))]
+        return _object_key(r), modes, str(dig(r.view, "spec", "volumeName") or "")
+
+    pinned = single_node_volumes(resources)
     claims = {}
     for r in k8s.kinds_in(resources, frozenset({k8s.PVC})):
         found = attempt(read, r)
-        if found and "ReadWriteMany" not in found[1] and any(m.startswith("ReadWriteOnce") for m in found[1]):
-            claims[found[0]] = found[1]
+        if not found or "ReadWriteMany" in found[1] or not any(m.startswith("ReadWriteOnce") for m in found[1]):
+            continue
+        if found[2] in pinned and "ReadWriteOncePod" not in found[1]:
+            continue
+        claims[found[0]] = found[1]
     return claims
 
 

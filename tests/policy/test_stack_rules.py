@@ -126,6 +126,27 @@ def test_rwo_claim_with_replicas_above_one_and_single_replica_fine():
     assert "rwo-claim-single-replica" in policies(check(deployment, rwo_claim()))
 
 
+def local_volume(name: str, nodes: list[str]) -> dict:
+    return {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": name},
+            "spec": {"capacity": {"storage": "912Gi"}, "accessModes": ["ReadWriteOnce"], "local": {"path": "/mnt/models"},
+                     "persistentVolumeReclaimPolicy": "Retain",
+                     "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+                         {"key": "kubernetes.io/hostname", "operator": "In", "values": nodes}]}]}}}}
+
+
+def test_rwo_claim_on_a_single_node_volume_may_serve_several_replicas():
+    """ReadWriteOnce is per node: a PV pinned to one node keeps every replica there, so nothing multi-attaches."""
+    deployment = good("Deployment")
+    deployment["spec"]["replicas"] = 2
+    claim = rwo_claim()
+    claim["spec"]["volumeName"] = "ai-models"
+    assert "rwo-claim-single-replica" not in policies(check(deployment, claim, local_volume("ai-models", ["k8s-worker-02"])))
+    assert "rwo-claim-single-replica" in policies(check(deployment, claim, local_volume("ai-models", ["n1", "n2"])))
+    assert "rwo-claim-single-replica" in policies(check(deployment, claim, local_volume("other", ["k8s-worker-02"])))
+    claim["spec"]["accessModes"] = ["ReadWriteOncePod"]
+    assert "rwo-claim-single-replica" in policies(check(deployment, claim, local_volume("ai-models", ["k8s-worker-02"])))
+
+
 @pytest.mark.parametrize(
     ("annotations", "fragments"),
     [

@@ -1,0 +1,349 @@
+"""GpuNode: one GPU worker, prepared over SSH from bare disks to a mounted model RAID, and labelled.
+
+Each step is a `pulumi_command.remote.Command` that runs one real bash script kept beside this
+file in `node_scripts/` (shellcheck-clean, idempotent, "unchanged" when there is nothing to do).
+The script a node receives is rendered here: the file's shebang and `set -euo pipefail`, then
+the step's parameters as `shlex.quote`d assignments, then the shared helpers (`lib.sh`), then the
+step's body. Nothing is spliced into the body, and the same config renders byte-identical text.
+
+A Command re-runs when its inputs change, so each step's script carries only the parameters it
+needs (see `STEP_PARAMS`): changing the mountpoint re-runs mount and health, never the disk
+steps; raising the size re-runs preflight, partition (which keeps the partition) and grow.
+
+Steps, chained with depends_on (runtime is independent of the disks):
+    10-preflight  read-only checks, one JSON line
+    20-partition  GPT partition `gs-<raidName>` after the last partition of each disk
+    30-raid       mdadm RAID1 /dev/md/<raidName>, mdadm.conf, initramfs
+    40-filesystem mkfs.xfs only on an empty array
+    50-mount      fstab by filesystem UUID, mounted
+    60-grow       grows partition, array and XFS to the configured size
+    70-health     read-only: array state, UUIDs, usable bytes -> the node's outputs
+    80-runtime    NVIDIA container runtime for containerd / k3s / rke2
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pulumi
+import pulumi_command as command
+import pulumi_kubernetes as k8s
+
+import stacks
+from stacks.config import Cluster as ClusterConfig
+from stacks.config import Node
+
+SCRIPTS = Path(__file__).resolve().parent / "node_scripts"
+HEADER = "#!/usr/bin/env bash\nset -euo pipefail\n"
+UNKNOWN = "unknown until pulumi up"
+
+DISK_STEPS = ("10-preflight", "20-partition", "30-raid", "40-filesystem", "50-mount", "60-grow", "70-health")
+RUNTIME_STEP = "80-runtime"
+
+# What each step's script receives: only these parameters can make it run again.
+STEP_PARAMS: dict[str, tuple[str, ...]] = {
+    "10-preflight": ("GS_DISKS", "GS_RAID_NAME", "GS_PART_NAME", "GS_PART_BYTES"),
+    "20-partition": ("GS_DISKS", "GS_PART_NAME", "GS_PART_BYTES"),
+    "30-raid": ("GS_DISKS", "GS_RAID_NAME", "GS_PART_NAME"),
+    "40-filesystem": ("GS_RAID_NAME",),
+    "50-mount": ("GS_RAID_NAME", "GS_MOUNTPOINT", "GS_DEVICE_TIMEOUT"),
+    "60-grow": ("GS_DISKS", "GS_RAID_NAME", "GS_PART_NAME", "GS_PART_BYTES"),
+    "70-health": ("GS_RAID_NAME", "GS_MOUNTPOINT"),
+    "80-runtime": ("GS_RUNTIME", "GS_SET_AS_DEFAULT"),
+}
+# What each step's delete script names when it explains what it kept (a subset of STEP_PARAMS).
+DELETE_PARAMS: dict[str, tuple[str, ...]] = {
+    "10-preflight": (),
+    "20-partition": ("GS_DISKS", "GS_PART_NAME", "GS_PART_BYTES"),
+    "30-raid": ("GS_DISKS", "GS_RAID_NAME", "GS_PART_NAME"),
+    "40-filesystem": ("GS_RAID_NAME",),
+    "50-mount": ("GS_RAID_NAME", "GS_MOUNTPOINT", "GS_DEVICE_TIMEOUT"),
+    "60-grow": ("GS_DISKS", "GS_RAID_NAME", "GS_PART_NAME", "GS_PART_BYTES"),
+    "70-health": (),
+    "80-runtime": ("GS_RUNTIME", "GS_SET_AS_DEFAULT"),
+}
+# mkfs, initramfs rebuilds (~90 s on a small VM, minutes on a big node) and resizes can be slow.
+TIMEOUTS = {
+    "30-raid": pulumi.CustomTimeouts(create="30m", update="30m", delete="5m"),
+    "40-filesystem": pulumi.CustomTimeouts(create="30m", update="30m", delete="5m"),
+    "60-grow": pulumi.CustomTimeouts(create="30m", update="30m", delete="5m"),
+}
+# Only the runtime step can see container runtime configuration (registry credentials live in
+# containerd's config): its stdout/stderr are secret. The disk steps print device names, sizes and
+# UUIDs only, kept readable in the state so a failed step can be diagnosed.
+SECRET_OUTPUT_STEPS = frozenset({RUNTIME_STEP})
+
+# Booting or rebooting hosts: keep dialling for ~10 minutes.
+DIAL_ERROR_LIMIT = 40
+PER_DIAL_TIMEOUT = 15
+
+
+# ---------------------------------------------------------------------------- scripts
+
+
+def partition_bytes(size_gb: int) -> int:
+    """Partition size: `sizeGb` GB (10^9 bytes) rounded down to whole MiB, so that a 1 MiB-aligned
+    start gives an optimally aligned end and parted never adjusts it."""
+    return size_gb * 10**9 // 2**20 * 2**20
+
+
+def parameters(node: Node, cluster: ClusterConfig) -> dict[str, str | list[str]]:
+    """Every step parameter of a node, by name (`GS_DISKS` is a bash array)."""
+    params: dict[str, str | list[str]] = {
+        "GS_RUNTIME": node.container_runtime,
+        # No RuntimeClass for GPU pods means the NVIDIA runtime must be the default one.
+        "GS_SET_AS_DEFAULT": "true" if cluster.runtime_class_name is None else "false",
+    }
+    if node.storage is not None:
+        storage = node.storage
+        params.update(
+            GS_DISKS=list(storage.disks),
+            GS_RAID_NAME=storage.raid_name,
+            GS_PART_NAME=storage.partition_name,
+            GS_PART_BYTES=str(partition_bytes(storage.size_gb)),
+            GS_MOUNTPOINT=storage.mountpoint,
+            GS_DEVICE_TIMEOUT=str(storage.device_timeout_seconds),
+        )
+    return params
+
+
+def assignments(params: dict[str, str | list[str]]) -> str:
+    """`NAME=<quoted>` lines (bash arrays for lists), in the given order."""
+    lines = []
+    for name, value in params.items():
+        if not name.isidentifier() or not name.isupper():
+            raise ValueError(f"bad parameter name {name!r}")
+        if isinstance(value, list):
+            lines.append(f"{name}=({' '.join(shlex.quote(v) for v in value)})")
+        else:
+            lines.append(f"{name}={shlex.quote(value)}")
+    return "".join(line + "\n" for line in lines)
+
+
+def _body(filename: str) -> str:
+    text = (SCRIPTS / filename).read_text()
+    if not text.startswith(HEADER):
+        raise ValueError(f"{filename} must start with {HEADER!r}")
+    return text[len(HEADER):]
+
+
+def render_script(filename: str, params: dict[str, str | list[str]], with_lib: bool = True) -> str:
+    """The exact text a node runs: header, quoted parameters, lib.sh, the script's body."""
+    parts = [HEADER, f"# gpu-serving: components/node_scripts/{filename}, rendered by components/node.py\n"]
+    parts.append(assignments(params))
+    if with_lib:
+        parts += ["# ---- lib.sh\n", _body("lib.sh")]
+    parts += [f"# ---- {filename}\n", _body(filename)]
+    return "".join(parts)
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    """`NN-step`; the Command is named `<node>:<name>`."""
+    create: str
+    delete: str
+    disk: bool
+    secret_outputs: bool
+    depends_on: tuple[str, ...] = ()
+
+
+def steps(node: Node, cluster: ClusterConfig) -> list[Step]:
+    """The node's steps in order, with their exact scripts. Pure: no Pulumi resources."""
+    params = parameters(node, cluster)
+    names: list[str] = list(DISK_STEPS) if node.prepares_disks else []
+    if node.container_runtime != "none":
+        names.append(RUNTIME_STEP)
+    result = []
+    previous: str | None = None
+    for name in names:
+        own = {key: params[key] for key in STEP_PARAMS[name]}
+        kept = {"GS_STEP": name.split("-", 1)[1]} | {key: params[key] for key in DELETE_PARAMS[name]}
+        disk = name in DISK_STEPS
+        result.append(
+            Step(
+                name=name,
+                create=render_script(f"{name}.sh", own),
+                delete=render_script("delete.sh", kept, with_lib=False),
+                disk=disk,
+                secret_outputs=name in SECRET_OUTPUT_STEPS,
+                depends_on=(previous,) if disk and previous else (),
+            )
+        )
+        if disk:
+            previous = name
+    return result
+
+
+# ---------------------------------------------------------------------------- Kubernetes side
+
+
+def node_labels(node: Node, cluster: ClusterConfig) -> dict[str, str]:
+    return {
+        cluster.gpu_product_label: node.gpu.product,
+        "nvidia.com/gpu.present": "true",
+        "nvidia.com/gpu.count": str(node.gpu.count),
+    }
+
+
+def node_taints(cluster: ClusterConfig) -> list[dict[str, str]]:
+    taint = cluster.gpu_taint
+    return [{"key": taint.key, "value": taint.value, "effect": taint.effect}]
+
+
+# ---------------------------------------------------------------------------- health
+
+
+def parse_report(stdout: str | None) -> dict[str, Any] | None:
+    """The JSON report a step prints as its last line; None when there is none (mock render, preview)."""
+    if not stdout:
+        return None
+    for line in reversed(stdout.strip().splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                report = json.loads(line)
+            except json.JSONDecodeError:
+                return None
+            return report if isinstance(report, dict) else None
+    return None
+
+
+def health_outputs(stdout: str | None, node: Node) -> dict[str, Any]:
+    """The node's storage outputs from the health step's report ("unknown until pulumi up" without one)."""
+    storage = node.storage
+    report = parse_report(stdout)
+    if report is None:
+        return {
+            "arrayDevice": storage.device if storage else None,
+            "arrayUuid": UNKNOWN,
+            "filesystemUuid": UNKNOWN,
+            "mountpoint": storage.mountpoint if storage else None,
+            "usableBytes": UNKNOWN,
+            "health": UNKNOWN,
+        }
+    return {
+        "arrayDevice": report.get("device", storage.device if storage else None),
+        "arrayUuid": report.get("arrayUuid") or UNKNOWN,
+        "filesystemUuid": report.get("filesystemUuid") or UNKNOWN,
+        "mountpoint": report.get("mountpoint"),
+        "usableBytes": report.get("usableBytes") if report.get("mounted") else 0,
+        "health": report.get("health", UNKNOWN),
+    }
+
+
+def health_warning(node_name: str, outputs: dict[str, Any]) -> str | None:
+    health = outputs.get("health")
+    if health in ("clean", "resyncing", UNKNOWN, "no disk work"):
+        return None
+    if health == "degraded":
+        return (f"node {node_name}: RAID1 {outputs.get('arrayDevice')} is degraded: it serves from one disk. "
+                "Replace the failed member (cat /proc/mdstat), then run `pulumi up` to add it back.")
+    return f"node {node_name}: RAID1 {outputs.get('arrayDevice')} health is {health!r}; check `mdadm --detail` on the node."
+
+
+# ---------------------------------------------------------------------------- the component
+
+
+@dataclass(frozen=True)
+class GpuNodeArgs:
+    node: Node
+    cluster: ClusterConfig
+    private_key: pulumi.Input[str]
+    """SSH private key (a secret Output)."""
+    host_key: pulumi.Input[str] | None = None
+    """The node's SSH host public key; None turns host-key checking off."""
+    extra_depends_on: list[pulumi.Resource] = field(default_factory=list)
+
+    @staticmethod
+    def from_config(node: Node, cluster: ClusterConfig) -> GpuNodeArgs:
+        """Keys from the stack's secret config (`ssh.privateKeySecret`, `ssh.hostKeySecret`)."""
+        return GpuNodeArgs(
+            node=node,
+            cluster=cluster,
+            private_key=stacks.secret(node.ssh.private_key_secret),
+            host_key=stacks.secret(node.ssh.host_key_secret) if node.ssh.host_key_secret else None,
+        )
+
+
+class GpuNode(pulumi.ComponentResource):
+    """One GPU node: disk steps, container runtime, labels and taint.
+
+    Disk Commands are retain_on_delete and their delete scripts only report what they kept:
+    removing a node from the stack never touches its data.
+    """
+
+    storage_ready: list[pulumi.Resource]
+    """The last disk step (empty without disk work): after it the array is mounted at its configured size."""
+    outputs: pulumi.Output[dict[str, Any]]
+    """arrayDevice, arrayUuid, filesystemUuid, mountpoint, usableBytes, health."""
+    commands: dict[str, command.remote.Command]
+
+    def __init__(self, name: str, args: GpuNodeArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("gpu-serving:node:GpuNode", name, None, opts)
+        node, cluster = args.node, args.cluster
+        connection = command.remote.ConnectionArgs(
+            host=node.ssh.host,
+            port=node.ssh.port,
+            user=node.ssh.user,
+            private_key=args.private_key,
+            host_key=args.host_key,
+            dial_error_limit=DIAL_ERROR_LIMIT,
+            per_dial_timeout=PER_DIAL_TIMEOUT,
+        )
+        self.commands = {}
+        for step in steps(node, cluster):
+            depends = [self.commands[d] for d in step.depends_on] + list(args.extra_depends_on)
+            self.commands[step.name] = command.remote.Command(
+                f"{node.name}:{step.name}",
+                connection=connection,
+                create=step.create,
+                delete=step.delete,
+                # Nothing from a previous run goes into the environment (it needs sshd AcceptEnv anyway).
+                add_previous_output_in_env=False,
+                opts=pulumi.ResourceOptions(
+                    parent=self,
+                    depends_on=depends,
+                    retain_on_delete=step.disk,
+                    additional_secret_outputs=["stdout", "stderr"] if step.secret_outputs else None,
+                    custom_timeouts=TIMEOUTS.get(step.name),
+                ),
+            )
+
+        health = self.commands.get("70-health")
+        self.storage_ready = [self.commands["60-grow"]] if "60-grow" in self.commands else []
+        if health is not None:
+            def report(stdout: str | None) -> dict[str, Any]:
+                outputs = health_outputs(stdout, node)
+                warning = health_warning(node.name, outputs)
+                if warning:
+                    pulumi.log.warn(warning, resource=self)
+                return outputs
+
+            self.outputs = health.stdout.apply(report)
+        else:
+            self.outputs = pulumi.Output.from_input(
+                {"arrayDevice": None, "arrayUuid": None, "filesystemUuid": None, "mountpoint": None,
+                 "usableBytes": 0, "health": "no disk work"}
+            )
+
+        # Labels and taint only once the runtime can start GPU containers.
+        runtime = self.commands.get(RUNTIME_STEP)
+        self.node_patch = k8s.core.v1.NodePatch(
+            f"{node.name}-gpu",
+            metadata=k8s.meta.v1.ObjectMetaPatchArgs(
+                name=node.name,
+                labels=node_labels(node, cluster),
+                # Server-side apply: take over these fields even if kubectl set them before.
+                annotations={"pulumi.com/patchForce": "true"},
+            ),
+            spec=k8s.core.v1.NodeSpecPatchArgs(
+                taints=[k8s.core.v1.TaintPatchArgs(**taint) for taint in node_taints(cluster)],
+            ),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[runtime] if runtime else []),
+        )
+        self.register_outputs({"storage": self.outputs, "nodeName": node.name})

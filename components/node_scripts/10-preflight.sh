@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+set -euo pipefail
+# Step 10, preflight (read-only): can this node take the model RAID? It changes nothing.
+# Checks: tools present, both members are distinct whole disks, each has our partition
+# (named GS_PART_NAME) or a free region after its last partition big enough for it, nothing
+# foreign in our partitions, the array name is free or already ours, and a size change in
+# config only grows. Prints one JSON line; fails with a message that says what to do.
+: "${GS_DISKS:?}" "${GS_RAID_NAME:?}" "${GS_PART_NAME:?}" "${GS_PART_BYTES:?}"
+
+need_root
+need_tools parted mdadm mkfs.xfs xfs_growfs xfs_info blkid wipefs partx partprobe udevadm findmnt
+settle
+((${#GS_DISKS[@]} == 2)) || die "a RAID1 needs exactly two disks, got ${#GS_DISKS[@]}"
+
+seen=() report=() uuids=() j=""
+for disk in "${GS_DISKS[@]}"; do
+  resolve_disk "$disk"
+  for other in "${seen[@]}"; do
+    [[ $other != "$DISK_DEV" ]] || die "both storage.disks resolve to $DISK_DEV; list two different disks"
+  done
+  seen+=("$DISK_DEV")
+  scan_disk "$DISK_DEV" "$GS_PART_NAME"
+  ((PART_COUNT <= 1)) || die "$disk has $PART_COUNT partitions named $GS_PART_NAME; remove the extra one by hand (parted $DISK_DEV rm N) after checking it holds nothing you need"
+  case $SCAN_LABEL in
+    gpt) ;;
+    unknown)
+      sigs=$(wipefs -n --noheadings --output TYPE -- "$DISK_DEV")
+      [[ -z $sigs ]] || die "$disk has no partition table but holds: ${sigs//$'\n'/ }. Not touching it; if that data is disposable run 'wipefs -a $DISK_DEV', otherwise pick another disk"
+      # A blank disk gets a GPT label; reserve 1 MiB at each end for the label and alignment.
+      ((SCAN_BYTES >= GS_PART_BYTES + 2 * MIB)) || die "$disk is $SCAN_BYTES bytes, too small for a $GS_PART_BYTES-byte partition; lower storage.sizeGb"
+      json_str j "$disk"
+      report+=("{\"disk\":$j,\"device\":\"$DISK_DEV\",\"label\":\"none\",\"partition\":\"create\",\"bytes\":$GS_PART_BYTES}")
+      continue
+      ;;
+    *) die "$disk has a '$SCAN_LABEL' partition table; the partition is recognised by its GPT name, so the disk needs GPT (convert with 'sgdisk -g $DISK_DEV' after checking the boot loader) or choose other disks" ;;
+  esac
+  if [[ -n $PART_NUM ]]; then
+    have=$((PART_END - PART_START + 1))
+    if ((have > GS_PART_BYTES)); then
+      die "$disk: partition $PART_NUM ($GS_PART_NAME) is $have bytes but config asks for $GS_PART_BYTES; shrinking is not supported (XFS cannot shrink) — set storage.sizeGb back to at least $((have / 1000000000)) GB"
+    fi
+    if ((have < GS_PART_BYTES && PART_START + GS_PART_BYTES - 1 > AFTER_END)); then
+      die "$disk: cannot grow partition $PART_NUM to $GS_PART_BYTES bytes, only $((AFTER_END - PART_START + 1)) bytes are free from its start to the next partition or the end of the disk; lower storage.sizeGb"
+    fi
+    find_part "$DISK_BASE" "$PART_NUM"
+    [[ -n $PART_DEV ]] || die "$disk: the kernel does not show partition $PART_NUM ($GS_PART_NAME); run 'partprobe $DISK_DEV' and pulumi up again"
+    state=exists
+    ((have < GS_PART_BYTES)) && state=grow
+    examine "$PART_DEV"
+    [[ $SB_KIND != foreign ]] || die "$PART_DEV (our partition $GS_PART_NAME on $disk) holds $SB_DESC, not our array; check what it is, then wipe it ('wipefs -a $PART_DEV') or remove the partition"
+    [[ -z $SB_UUID ]] || uuids+=("$SB_UUID")
+  else
+    start=$(((TAIL_START + MIB - 1) / MIB * MIB))
+    if ((TAIL_START < 0 || start + GS_PART_BYTES - 1 > TAIL_END)); then
+      free=0
+      ((TAIL_START < 0)) || free=$((TAIL_END - start + 1))
+      die "$disk needs $GS_PART_BYTES bytes free after its last partition (it ends at byte $SCAN_LAST_END) but only $free are; lower storage.sizeGb or free space (parted $DISK_DEV unit GB print free)"
+    fi
+    state=create
+  fi
+  json_str j "$disk"
+  report+=("{\"disk\":$j,\"device\":\"$DISK_DEV\",\"label\":\"gpt\",\"partition\":\"$state\",\"number\":\"$PART_NUM\",\"bytes\":$GS_PART_BYTES}")
+done
+
+if ((${#uuids[@]} == 2)) && [[ ${uuids[0]} != "${uuids[1]}" ]]; then
+  die "the two $GS_PART_NAME partitions belong to different arrays (${uuids[0]} and ${uuids[1]}); wipe the stale one ('mdadm --zero-superblock PARTITION') so it can be re-added"
+fi
+ours=${uuids[0]:-}
+
+array=absent
+if [[ -e /dev/md/$GS_RAID_NAME ]]; then
+  md_uuid=""
+  while IFS= read -r line; do
+    [[ $line != MD_UUID=* ]] || md_uuid=${line#MD_UUID=}
+  done < <(mdadm --detail --export "/dev/md/$GS_RAID_NAME" 2>/dev/null || true)
+  [[ -n $ours && $md_uuid == "$ours" ]] || die "/dev/md/$GS_RAID_NAME already exists and is not built from our $GS_PART_NAME partitions (UUID ${md_uuid:-unknown}); choose another storage.raidName"
+  array=ours
+fi
+mdadm_conf
+if [[ -r $MDADM_CONF ]]; then
+  while read -r word dev rest; do
+    [[ $word == ARRAY && ($dev == "/dev/md/$GS_RAID_NAME" || " $rest " == *" name="*":$GS_RAID_NAME "* || " $rest " == *" name=$GS_RAID_NAME "*) ]] || continue
+    [[ -n $ours && " $rest " == *"UUID=$ours"* ]] || die "$MDADM_CONF has an ARRAY line for $GS_RAID_NAME that is not our array ($dev $rest); remove the stale line or choose another storage.raidName"
+  done <"$MDADM_CONF"
+fi
+
+IFS=,
+printf '{"step":"preflight","result":"unchanged","checks":"passed","raid":"%s","array":"%s","disks":[%s]}\n' "$GS_RAID_NAME" "$array" "${report[*]}"

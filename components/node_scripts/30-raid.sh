@@ -1,0 +1,158 @@
+#!/usr/bin/env bash
+set -euo pipefail
+# Step 30, raid: the RAID1 /dev/md/GS_RAID_NAME from the two GS_PART_NAME partitions.
+# - members carry our superblock (name GS_RAID_NAME): assemble (or keep the running array);
+# - both blank: mdadm --create (metadata 1.2, internal bitmap, --homehost=any so the name does not
+#   depend on the hostname);
+# - one ours and one blank (a replaced disk): assemble degraded, then add the blank one;
+# - anything else on a member: refuse and leave it alone.
+# Then the ARRAY line (by UUID) goes once into the distro's mdadm.conf, and on initramfs-tools
+# distros the initramfs is refreshed when it is older than mdadm.conf, so the array never comes
+# back as md127. Ends with the array health from `mdadm --detail --test`.
+: "${GS_DISKS:?}" "${GS_RAID_NAME:?}" "${GS_PART_NAME:?}"
+
+need_root
+need_tools parted mdadm wipefs udevadm
+settle
+md=/dev/md/$GS_RAID_NAME
+changed=0 members=() kinds=() uuids=()
+for disk in "${GS_DISKS[@]}"; do
+  resolve_disk "$disk"
+  scan_disk "$DISK_DEV" "$GS_PART_NAME"
+  [[ -n $PART_NUM ]] || die "$disk has no partition named $GS_PART_NAME; the partition step (20) must run first"
+  find_part "$DISK_BASE" "$PART_NUM"
+  [[ -n $PART_DEV ]] || wait_part "$DISK_BASE" "$PART_NUM" "$DISK_DEV"
+  examine "$PART_DEV"
+  [[ $SB_KIND != foreign ]] || die "$PART_DEV holds $SB_DESC, not our array; refusing to touch it. Check what it is; if it is disposable, 'wipefs -a $PART_DEV' and run pulumi up again"
+  members+=("$PART_DEV") kinds+=("$SB_KIND") uuids+=("$SB_UUID")
+done
+if [[ ${kinds[0]}${kinds[1]} == oursours && ${uuids[0]} != "${uuids[1]}" ]]; then
+  die "${members[0]} and ${members[1]} belong to different arrays (${uuids[0]}, ${uuids[1]}); zero the stale one ('mdadm --zero-superblock PARTITION') and run again"
+fi
+uuid=${uuids[0]:-${uuids[1]}}
+
+# md_of PART: MD_OF becomes the md device (md127) that holds PART, "" if none.
+md_of() {
+  local holder
+  MD_OF=""
+  for holder in /sys/class/block/"${1##*/}"/holders/md*; do
+    [[ -e $holder ]] && MD_OF=${holder##*/}
+  done
+  return 0
+}
+
+md_of "${members[0]}"
+active=$MD_OF
+[[ -n $active ]] || {
+  md_of "${members[1]}"
+  active=$MD_OF
+}
+
+if [[ -n $active ]]; then
+  real=$(readlink -f -- "$md" 2>/dev/null || true)
+  if [[ $real != "/dev/$active" ]]; then
+    # Running under another name (md127, /dev/md/<host>:name): an old initramfs assembled it.
+    if findmnt -rn --source "/dev/$active" >/dev/null; then
+      warn "our array runs as /dev/$active, not $md, and is mounted; the mount (by filesystem UUID) works. It gets its name back after the initramfs refresh below and a reboot"
+    else
+      say "our array runs as /dev/$active; re-assembling it as $md"
+      mdadm --stop "/dev/$active"
+      mdadm --assemble "$md" "${members[@]}"
+      changed=1
+    fi
+  else
+    say "$md is active, unchanged"
+  fi
+elif [[ ${kinds[0]} == ours && ${kinds[1]} == ours ]]; then
+  say "assembling $md from ${members[*]}"
+  mdadm --assemble "$md" "${members[@]}"
+  changed=1
+elif [[ ${kinds[0]} == ours || ${kinds[1]} == ours ]]; then
+  i=0
+  [[ ${kinds[0]} == ours ]] || i=1
+  say "only ${members[i]} carries our array; starting $md degraded"
+  mdadm --assemble --run "$md" "${members[i]}"
+  changed=1
+else
+  say "creating RAID1 $md from ${members[*]}"
+  mdadm --create "$md" --name="$GS_RAID_NAME" --metadata=1.2 --level=1 --raid-devices=2 \
+    --bitmap=internal --homehost=any --run "${members[@]}"
+  changed=1
+fi
+udevadm settle --timeout=30 || true
+[[ -b $md ]] || die "$md did not appear after assembling; check 'cat /proc/mdstat' and 'mdadm --detail --scan'"
+
+# Array facts; add back a blank member (replaced disk) or our member that dropped out.
+detail=$(mdadm --detail --export "$md")
+uuid=${detail#*MD_UUID=}
+uuid=${uuid%%$'\n'*}
+md_name=${detail#*MD_NAME=}
+md_name=${md_name%%$'\n'*}
+for i in 0 1; do
+  part=${members[i]}
+  md_of "$part"
+  [[ -z $MD_OF ]] || continue
+  if [[ ${kinds[i]} == none ]]; then
+    say "adding the blank member $part to $md (a resync follows)"
+    mdadm "$md" --add "$part"
+    changed=1
+  elif [[ ${uuids[i]} == "$uuid" ]]; then
+    say "re-adding $part to $md"
+    mdadm "$md" --re-add "$part" 2>/dev/null || mdadm "$md" --add "$part"
+    changed=1
+  fi
+done
+
+# mdadm.conf: one ARRAY line for our UUID.
+mdadm_conf
+line="ARRAY $md metadata=1.2 UUID=$uuid name=$md_name"
+found=0
+if [[ -r $MDADM_CONF ]]; then
+  while read -r word dev rest; do
+    [[ $word == ARRAY ]] || continue
+    if [[ " $rest " == *" UUID=$uuid "* ]]; then
+      found=1
+      [[ $dev == "$md" ]] || warn "$MDADM_CONF names our array $dev, not $md; fix that line by hand"
+    elif [[ $dev == "$md" ]]; then
+      die "$MDADM_CONF has a line for $md with another UUID ($dev $rest); remove that stale line and run again"
+    fi
+  done <"$MDADM_CONF"
+fi
+if ((found)); then
+  say "$MDADM_CONF lists UUID $uuid, unchanged"
+else
+  say "adding to $MDADM_CONF: $line"
+  mkdir -p "${MDADM_CONF%/*}"
+  printf '%s\n' "$line" >>"$MDADM_CONF"
+  changed=1
+fi
+
+# initramfs-tools (Debian/Ubuntu) assembles every array it finds in early boot, naming the ones
+# its copy of mdadm.conf does not list md127: rebuild each initramfs older than mdadm.conf.
+# dracut (RHEL/Rocky) only assembles the arrays named by rd.md.uuid= and leaves ours to udev
+# after switch-root, which reads /etc/mdadm.conf: no rebuild needed there.
+if command -v update-initramfs >/dev/null; then
+  for img in /boot/initrd.img-*; do
+    [[ -e $img && ! $img -nt $MDADM_CONF ]] || continue
+    version=${img#/boot/initrd.img-}
+    say "refreshing the initramfs for $version (its mdadm.conf predates our ARRAY line)"
+    update-initramfs -u -k "$version" >/dev/null
+    changed=1
+  done
+fi
+
+rc=0
+mdadm --detail --test "$md" >/dev/null 2>&1 || rc=$?
+case $rc in
+  0) health=clean ;;
+  1) health=degraded ;;
+  2) health=failed ;;
+  *) health=unknown ;;
+esac
+state=$(mdadm --detail "$md" | sed -n 's/^ *State : *//; T; s/ *$//p')
+[[ $health != clean || $state != *resync* ]] || health=resyncing
+[[ $health != degraded ]] || warn "$md is degraded ($state): it works on one disk; replace the failed member and run pulumi up again to add it back"
+result=unchanged
+((changed == 0)) || result=changed
+printf '{"step":"raid","result":"%s","device":"%s","uuid":"%s","health":"%s","state":"%s","members":["%s","%s"]}\n' \
+  "$result" "$md" "$uuid" "$health" "$state" "${members[0]}" "${members[1]}"

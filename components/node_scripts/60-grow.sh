@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+set -euo pipefail
+# Step 60, grow: raising storage.sizeGb grows everything in place, data intact:
+# `parted resizepart` on both members -> `partx -u` -> `mdadm --grow --size=max` (dropping and
+# re-adding the internal bitmap when this mdadm cannot resize with one) -> `xfs_growfs`.
+# Each stage looks at the real sizes first, so a run that was cut short converges next time and
+# a run with nothing to do says "unchanged". Shrinking is refused: XFS cannot shrink.
+: "${GS_DISKS:?}" "${GS_RAID_NAME:?}" "${GS_PART_NAME:?}" "${GS_PART_BYTES:?}"
+
+need_root
+need_tools parted partx mdadm xfs_growfs xfs_info findmnt udevadm
+settle
+md=/dev/md/$GS_RAID_NAME
+[[ -b $md ]] || die "$md does not exist; the raid step (30) must run first"
+real=$(readlink -f -- "$md")
+mdbase=${real##*/}
+changed=0 members=()
+
+for disk in "${GS_DISKS[@]}"; do
+  resolve_disk "$disk"
+  scan_disk "$DISK_DEV" "$GS_PART_NAME"
+  [[ -n $PART_NUM ]] || die "$disk has no partition named $GS_PART_NAME; the partition step (20) must run first"
+  have=$((PART_END - PART_START + 1))
+  if ((have > GS_PART_BYTES)); then
+    die "$disk: partition $PART_NUM is $have bytes, config asks for $GS_PART_BYTES; shrinking is not supported (XFS cannot shrink) — set storage.sizeGb back to at least $((have / 1000000000)) GB"
+  fi
+  if ((have < GS_PART_BYTES)); then
+    end=$((PART_START + GS_PART_BYTES - 1))
+    ((end <= AFTER_END)) || die "$disk: no room to grow partition $PART_NUM to $GS_PART_BYTES bytes (free up to byte $AFTER_END); lower storage.sizeGb"
+    say "$disk: growing partition $PART_NUM from $have to $GS_PART_BYTES bytes"
+    # parted asks for confirmation when the partition is in use, even with -s; answer it.
+    parted -s "$DISK_DEV" unit B resizepart "$PART_NUM" "${end}B" 2>/dev/null ||
+      printf 'Yes\n' | parted ---pretend-input-tty "$DISK_DEV" unit B resizepart "$PART_NUM" "${end}B" >/dev/null
+    changed=1
+  fi
+  find_part "$DISK_BASE" "$PART_NUM"
+  [[ -n $PART_DEV ]] || die "the kernel does not show partition $PART_NUM of $disk; run 'partprobe $DISK_DEV' and pulumi up again"
+  pbase=${PART_DEV##*/}
+  read -r sectors <"/sys/class/block/$pbase/size"
+  if ((sectors * 512 < GS_PART_BYTES)); then
+    say "$disk: telling the kernel about the new size of $PART_DEV"
+    partx -u --nr "$PART_NUM" "$DISK_DEV"
+    udevadm settle --timeout=10 || true
+    read -r sectors <"/sys/class/block/$pbase/size"
+    ((sectors * 512 >= GS_PART_BYTES)) || die "the kernel still sees $PART_DEV as $((sectors * 512)) bytes; run 'partx -u $DISK_DEV' (or reboot) and pulumi up again"
+    changed=1
+  fi
+  members+=("$pbase:$sectors")
+done
+
+# The array: component size (KiB) against the smallest member's room after its data offset.
+read -r component <"/sys/block/$mdbase/md/component_size"
+room=-1
+for member in "${members[@]}"; do
+  pbase=${member%%:*} sectors=${member##*:}
+  [[ -r /sys/block/$mdbase/md/dev-$pbase/offset ]] || continue # not in the array (degraded)
+  read -r offset <"/sys/block/$mdbase/md/dev-$pbase/offset"
+  kib=$(((sectors - offset) / 2))
+  ((room < 0 || kib < room)) && room=$kib
+done
+if ((room - component > 1024)); then
+  say "growing $md from $component KiB to the members' size ($room KiB)"
+  if ! mdadm --grow "$md" --size=max 2>/dev/null; then
+    say "this mdadm cannot resize with an internal bitmap: removing it, growing, adding it back"
+    mdadm --grow "$md" --bitmap=none
+    mdadm --grow "$md" --size=max
+    mdadm --grow "$md" --bitmap=internal
+  fi
+  changed=1
+fi
+read -r bitmap <"/sys/block/$mdbase/md/bitmap/location"
+if [[ $bitmap == none ]]; then
+  say "$md has no write-intent bitmap (an interrupted grow?): adding it back"
+  mdadm --grow "$md" --bitmap=internal
+  changed=1
+fi
+
+# The filesystem, where it is mounted.
+mp=$(findmnt -rn -o TARGET --source "$real" | head -n1 || true)
+[[ -n $mp ]] || die "the filesystem on $md is not mounted; the mount step (50) must run first"
+bsize=0 blocks=0
+while IFS= read -r line; do
+  if [[ $line =~ ^data[[:space:]]*=[[:space:]]*bsize=([0-9]+)[[:space:]]+blocks=([0-9]+) ]]; then
+    bsize=${BASH_REMATCH[1]} blocks=${BASH_REMATCH[2]}
+  fi
+done < <(xfs_info "$mp")
+((bsize > 0)) || die "cannot read the XFS geometry of $mp (xfs_info)"
+read -r md_sectors <"/sys/block/$mdbase/size"
+if ((md_sectors * 512 - bsize * blocks >= 16 * MIB)); then
+  say "growing XFS at $mp from $((bsize * blocks)) to $((md_sectors * 512)) bytes"
+  xfs_growfs "$mp" >/dev/null
+  changed=1
+fi
+
+result=unchanged
+((changed == 0)) || result=changed
+size=$(df -B1 --output=size "$mp" | tail -n1)
+printf '{"step":"grow","result":"%s","device":"%s","partitionBytes":%s,"filesystemBytes":%s}\n' "$result" "$md" "$GS_PART_BYTES" "${size// /}"

@@ -1,0 +1,393 @@
+"""GpuNode at render level: the scripts each node receives, their inputs, options and outputs.
+
+The scripts themselves run on a real kernel in tests/vm/test_node_scripts.py.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from components import node as gpunode
+from stacks.config import parse
+from tools.render import node_scripts
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPTS = ROOT / "components" / "node_scripts"
+SHELLCHECK = shutil.which("shellcheck") or str(Path(sys.executable).parent / "shellcheck")
+COMMAND = "command:remote:Command"
+NODE = "k8s-worker-02"
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+
+def prod_nodes() -> list[dict[str, Any]]:
+    import yaml
+
+    return yaml.safe_load((ROOT / "Pulumi.prod.yaml").read_text())["config"]["gpu-serving:nodes"]
+
+
+def with_storage(**storage: Any) -> list[dict[str, Any]]:
+    nodes = prod_nodes()
+    nodes[0]["storage"] = {**nodes[0]["storage"], **storage}
+    return nodes
+
+
+def commands(render) -> dict[str, Any]:
+    return {r.name.split(":", 1)[1]: r for r in render.of_type(COMMAND) if r.name.startswith(f"{NODE}:")}
+
+
+def shellcheck(*paths: Path) -> None:
+    proc = subprocess.run([SHELLCHECK, "--severity=style", *map(str, paths)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+# ---------------------------------------------------------------------------- scripts
+
+
+def test_raw_scripts_are_shellcheck_clean_and_strict():
+    files = sorted(SCRIPTS.glob("*.sh"))
+    assert {f.name for f in files} >= {f"{s}.sh" for s in gpunode.STEP_PARAMS} | {"lib.sh", "delete.sh"}
+    for f in files:
+        assert f.read_text().startswith(gpunode.HEADER), f.name
+    shellcheck(*files)
+
+
+def test_rendered_scripts_are_shellcheck_clean(prod, tmp_path):
+    paths = []
+    for name, cmd in commands(prod).items():
+        for field in ("create", "delete"):
+            path = tmp_path / f"{name}.{field}.sh"
+            path.write_text(cmd.inputs[field])
+            paths.append(path)
+    assert len(paths) == 16
+    shellcheck(*paths)
+
+
+def test_rendered_files_are_exactly_the_create_scripts(prod):
+    files = node_scripts(prod)
+    assert sorted(files) == [f"nodes/{NODE}/{s}.sh" for s in gpunode.STEP_PARAMS]
+    for name, cmd in commands(prod).items():
+        assert files[f"nodes/{NODE}/{name}.sh"] == cmd.inputs["create"]
+
+
+def test_parameters_come_first_and_quoted(prod):
+    create = commands(prod)["20-partition"].inputs["create"]
+    lines = create.splitlines()
+    assert lines[:2] == ["#!/usr/bin/env bash", "set -euo pipefail"]
+    assert lines[3:6] == ["GS_DISKS=(/dev/sda /dev/sdb)", "GS_PART_NAME=gs-models", "GS_PART_BYTES=999999668224"]
+    body = create.split("# ---- 20-partition.sh\n", 1)[1]
+    assert body == (SCRIPTS / "20-partition.sh").read_text().split("set -euo pipefail\n", 1)[1]
+
+
+def test_quoting_does_not_depend_on_config_validation(tmp_path):
+    nasty = ["/dev/disk/by-id/a b'c", "/dev/$(touch /tmp/pwned)`x`;rm -rf /"]
+    params = {"GS_DISKS": nasty, "GS_RAID_NAME": "m'; reboot #", "GS_PART_NAME": "gs-x", "GS_PART_BYTES": "1048576"}
+    text = gpunode.render_script("10-preflight.sh", params)
+    expected_disks = "GS_DISKS=(" + " ".join(shlex.quote(d) for d in nasty) + ")"
+    assert expected_disks in text.splitlines()
+    assert "GS_RAID_NAME='m'\"'\"'; reboot #'" in text.splitlines()
+    script = tmp_path / "x.sh"
+    script.write_text(text)
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    # bash reads the values back unchanged.
+    probe = gpunode.assignments(params) + 'printf "%s\\n" "${GS_DISKS[@]}" "$GS_RAID_NAME"\n'
+    out = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.splitlines() == [*nasty, "m'; reboot #"]
+
+
+def test_bad_parameter_names_are_refused():
+    with pytest.raises(ValueError):
+        gpunode.assignments({"X; rm": "1"})
+
+
+def test_render_is_deterministic(render):
+    first = node_scripts(render())
+    second = node_scripts(render())
+    assert first == second and first
+
+
+def test_partition_bytes_are_whole_mib():
+    assert gpunode.partition_bytes(1000) == 999999668224
+    assert gpunode.partition_bytes(1000) % 2**20 == 0
+    assert gpunode.partition_bytes(2) == 1999634432
+
+
+# ---------------------------------------------------------------------------- what re-runs
+
+
+def scripts_with(render, **storage: Any) -> dict[str, str]:
+    return {name: cmd.inputs["create"] for name, cmd in commands(render(nodes=with_storage(**storage))).items()}
+
+
+def changed(before: dict[str, str], after: dict[str, str]) -> set[str]:
+    return {name for name in before if before[name] != after[name]}
+
+
+def test_each_step_sees_only_its_parameters(prod):
+    scripts = {name: cmd.inputs["create"] for name, cmd in commands(prod).items()}
+    assert "/mnt/ollama-models" not in scripts["20-partition"] + scripts["30-raid"] + scripts["60-grow"]
+    assert "/dev/sda" not in scripts["80-runtime"] + scripts["50-mount"] + scripts["40-filesystem"]
+    assert "GS_PART_BYTES" not in scripts["30-raid"].split("# ---- lib.sh")[0]
+
+
+def test_mountpoint_change_reruns_only_mount_and_health(render):
+    before = scripts_with(render)
+    assert changed(before, scripts_with(render, mountpoint="/mnt/models2")) == {"50-mount", "70-health"}
+
+
+def test_size_change_reruns_preflight_partition_and_grow_only(render):
+    before = scripts_with(render)
+    assert changed(before, scripts_with(render, sizeGb=1200)) == {"10-preflight", "20-partition", "60-grow"}
+
+
+def test_timeout_change_reruns_only_mount(render):
+    before = scripts_with(render)
+    assert changed(before, scripts_with(render, deviceTimeoutSeconds=90)) == {"50-mount"}
+
+
+def test_unrelated_config_changes_rerun_nothing(render, prod):
+    before = {name: cmd.inputs for name, cmd in commands(prod).items()}
+    nodes = prod_nodes()
+    nodes[0]["gpu"]["count"] = 1
+    after = {name: cmd.inputs for name, cmd in commands(render(nodes=nodes, models=[])).items()}
+    assert before == after
+
+
+# ---------------------------------------------------------------------------- options
+
+
+def test_chain_retain_secret_outputs_and_timeouts(prod):
+    cmds = commands(prod)
+    assert list(cmds) == list(gpunode.STEP_PARAMS)
+    urn = {name: cmd.urn for name, cmd in cmds.items()}
+    disk = list(gpunode.DISK_STEPS)
+    for previous, step in itertools.pairwise(disk):
+        assert cmds[step].options["dependsOn"] == [urn[previous]]
+    assert "dependsOn" not in cmds["80-runtime"].options  # independent of the disks
+    for name in disk:
+        assert cmds[name].options.get("retainOnDelete") is True, name
+        assert "stdout" not in cmds[name].options.get("additionalSecretOutputs", []), name
+    assert {"stdout", "stderr"} <= set(cmds["80-runtime"].options["additionalSecretOutputs"])
+    for name in ("30-raid", "40-filesystem", "60-grow"):
+        assert cmds[name].options["customTimeouts"]["create"] == "30m"
+    for cmd in cmds.values():
+        assert cmd.parent.endswith(f"gpu-serving:node:GpuNode::{NODE}")
+        assert cmd.inputs["addPreviousOutputInEnv"] is False
+
+
+def test_connection_uses_secret_keys_and_dial_retries(render):
+    r = render(secrets={"sshPrivateKey": "-----BEGIN OPENSSH PRIVATE KEY-----canary", "sshHostKeyWorker02": "ssh-ed25519 AAAAcanary"})
+    cmd = commands(r)["30-raid"]
+    conn = cmd.inputs["connection"]
+    # The whole connection is one secret value (it contains the key).
+    from tools.render import is_secret, redact
+
+    assert is_secret(conn)
+    value = conn["value"]
+    assert value["privateKey"].endswith("canary") and value["hostKey"] == "ssh-ed25519 AAAAcanary"
+    assert value["host"] == NODE and value["user"] == "root"
+    assert value["dialErrorLimit"] == gpunode.DIAL_ERROR_LIMIT and value["perDialTimeout"] == gpunode.PER_DIAL_TIMEOUT
+    for name, c in commands(r).items():
+        assert "canary" not in c.inputs["create"] + c.inputs["delete"], name
+        assert "canary" not in json.dumps(redact(c.inputs)), name
+
+
+def test_no_host_key_means_none_sent(render):
+    nodes = prod_nodes()
+    del nodes[0]["ssh"]["hostKeySecret"]
+    conn = commands(render(nodes=nodes))["10-preflight"].inputs["connection"]["value"]
+    assert "hostKey" not in conn
+
+
+def test_delete_scripts_keep_everything(prod, tmp_path):
+    for name, cmd in commands(prod).items():
+        delete = cmd.inputs["delete"]
+        body = delete.split("# ---- delete.sh\n", 1)[1]
+        for word in ("mdadm --stop", "wipefs", "umount", "rm ", "parted", "mkfs", "systemctl"):
+            # Commands appear only inside the printed explanation, never as commands.
+            for line in body.splitlines():
+                stripped = line.strip()
+                assert not stripped.startswith(word), (name, line)
+        path = tmp_path / f"{name}.sh"
+        path.write_text(delete)
+        out = subprocess.run(["bash", str(path)], capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        assert "nothing on this node was changed" in out.stdout
+
+
+def test_node_without_disks_has_only_runtime(render):
+    nodes = prod_nodes()
+    nodes.append({"name": "gpu-3", "ssh": {"host": "gpu-3"}, "gpu": {"product": "nvidia-a100", "count": 1}})
+    r = render(nodes=nodes)
+    names = sorted(c.name for c in r.of_type(COMMAND) if c.name.startswith("gpu-3:"))
+    assert names == ["gpu-3:80-runtime"]
+    assert r.outputs["nodes"]["gpu-3"]["health"] == "no disk work"
+
+
+def test_runtime_none_and_set_as_default(render):
+    nodes = prod_nodes()
+    nodes[0]["containerRuntime"] = "none"
+    assert "80-runtime" not in commands(render(nodes=nodes))
+    assert "GS_SET_AS_DEFAULT=true" in commands(render())["80-runtime"].inputs["create"]
+
+
+# ---------------------------------------------------------------------------- Kubernetes side
+
+
+def test_node_patch_labels_and_taint(prod):
+    patches = prod.of_type("kubernetes:core/v1:NodePatch")
+    assert len(patches) == 1
+    patch = patches[0]
+    assert patch.inputs["metadata"]["name"] == NODE
+    assert patch.inputs["metadata"]["labels"] == {
+        "nvidia.com/gpu.product": "nvidia-a100",
+        "nvidia.com/gpu.present": "true",
+        "nvidia.com/gpu.count": "2",
+    }
+    assert patch.inputs["spec"]["taints"] == [{"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}]
+    runtime = commands(prod)["80-runtime"]
+    assert patch.options["dependsOn"] == [runtime.urn]
+
+
+def test_custom_label_and_taint(render):
+    raw = parse_raw()
+    cluster = {**raw["cluster"], "gpuProductLabel": "gpu", "gpuTaint": {"key": "gpu", "value": "yes", "effect": "NoExecute"}}
+    r = render(cluster=cluster)
+    patch = r.of_type("kubernetes:core/v1:NodePatch")[0]
+    assert patch.inputs["metadata"]["labels"]["gpu"] == "nvidia-a100"
+    assert patch.inputs["spec"]["taints"] == [{"key": "gpu", "value": "yes", "effect": "NoExecute"}]
+
+
+def parse_raw() -> dict[str, Any]:
+    import yaml
+
+    config = yaml.safe_load((ROOT / "Pulumi.prod.yaml").read_text())["config"]
+    return {k.split(":", 1)[1]: v for k, v in config.items()}
+
+
+def test_runtime_class_and_device_plugin(render):
+    raw = parse_raw()
+    cluster = {**raw["cluster"], "runtimeClassName": "nvidia", "devicePlugin": {"enabled": True}}
+    r = render(cluster=cluster)
+    objects = {o["kind"]: o for o in r.kubernetes_objects()}
+    assert objects["RuntimeClass"]["handler"] == "nvidia"
+    ds = objects["DaemonSet"]
+    pod = ds["spec"]["template"]["spec"]
+    assert pod["runtimeClassName"] == "nvidia"
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+    image = pod["containers"][0]["image"]
+    assert ":" in image and not image.endswith(":latest")
+    assert "GS_SET_AS_DEFAULT=false" in commands(r)["80-runtime"].inputs["create"]
+    # Without a class: none created, plugin off by default.
+    kinds = {o["kind"] for o in render().kubernetes_objects()}
+    assert "RuntimeClass" not in kinds and "DaemonSet" not in kinds
+
+
+def test_k3s_needs_a_runtime_class():
+    raw = parse_raw()
+    raw["nodes"][0]["containerRuntime"] = "k3s"
+    from stacks.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"nodes\[0\]\.containerRuntime: .*runtimeClassName"):
+        parse(raw)
+    raw["cluster"]["runtimeClassName"] = "nvidia"
+    parse(raw)
+
+
+def test_pv_waits_for_the_last_disk_step(prod):
+    pv = prod.of_type("kubernetes:core/v1:PersistentVolume")[0]
+    grow = commands(prod)["60-grow"]
+    assert grow.urn in pv.options["dependsOn"]
+
+
+# ---------------------------------------------------------------------------- outputs and health
+
+
+def test_outputs_under_mocks_say_unknown(prod):
+    out = prod.outputs["nodes"][NODE]
+    assert out == {
+        "arrayDevice": "/dev/md/models",
+        "arrayUuid": gpunode.UNKNOWN,
+        "filesystemUuid": gpunode.UNKNOWN,
+        "mountpoint": "/mnt/ollama-models",
+        "usableBytes": gpunode.UNKNOWN,
+        "health": gpunode.UNKNOWN,
+    }
+    assert not prod.warnings
+
+
+HEALTH = {
+    "step": "health", "result": "unchanged", "device": "/dev/md/models", "health": "degraded",
+    "state": "clean, degraded", "activeDevices": 1, "raidDevices": 2, "arrayUuid": "a:b:c:d",
+    "filesystemUuid": "f-u", "mountpoint": "/mnt/models", "mounted": True, "usableBytes": 1000,
+}  # fmt: skip
+
+
+def test_parse_report_takes_the_last_json_line():
+    assert gpunode.parse_report("noise\n" + json.dumps(HEALTH) + "\n") == HEALTH
+    assert gpunode.parse_report(None) is None
+    assert gpunode.parse_report("") is None
+    assert gpunode.parse_report("{broken") is None
+
+
+def test_degraded_health_is_an_output_and_a_warning():
+    node = parse(parse_raw()).nodes[0]
+    out = gpunode.health_outputs(json.dumps(HEALTH), node)
+    assert out["health"] == "degraded" and out["usableBytes"] == 1000 and out["arrayUuid"] == "a:b:c:d"
+    warning = gpunode.health_warning(node.name, out)
+    assert warning and "degraded" in warning
+    assert gpunode.health_warning(node.name, {**out, "health": "clean"}) is None
+
+
+def test_degraded_stdout_warns_through_the_component():
+    """A real GpuNode under mocks whose health Command returns a degraded report."""
+    import pulumi
+
+    from stacks.config import parse as parse_config
+
+    config = parse_config(parse_raw())
+    warnings: list[str] = []
+
+    class Mocks(pulumi.runtime.Mocks):
+        def new_resource(self, args):
+            state = dict(args.inputs)
+            if args.name.endswith(":70-health"):
+                state["stdout"] = "x\n" + json.dumps(HEALTH) + "\n"
+            return f"{args.name}-id", state
+
+        def call(self, args):
+            return {}, None
+
+    import logging
+
+    class Capture(logging.Handler):
+        def emit(self, record):
+            if record.levelno >= logging.WARNING:
+                warnings.append(record.getMessage())
+
+    logger = logging.getLogger("test-node-health")
+    logger.propagate = False
+    logger.addHandler(Capture())
+    pulumi.runtime.set_mocks(Mocks(), project="gpu-serving", stack="test", preview=False, logger=logger)
+    pulumi.runtime.set_all_config({"gpu-serving:sshPrivateKey": "k"}, ["gpu-serving:sshPrivateKey"])
+    node = gpunode.GpuNode(NODE, gpunode.GpuNodeArgs(node=config.nodes[0], cluster=config.cluster, private_key="k"))
+
+    result: dict[str, Any] = {}
+    done = node.outputs.apply(lambda o: result.update(o))
+    from pulumi.runtime.stack import wait_for_rpcs
+    from pulumi.runtime.sync_await import _sync_await
+
+    _sync_await(done.future())
+    _sync_await(wait_for_rpcs())
+    assert result["health"] == "degraded"
+    assert any("degraded" in w for w in warnings), warnings

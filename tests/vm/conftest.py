@@ -1,0 +1,93 @@
+"""pytest fixtures for the VM tests (tests/vm).
+
+Every test under tests/vm is skipped unless GS_VM_TESTS=1 (``make test-vm``),
+so the fast ``make test`` never boots a VM.
+
+Fixtures:
+  vm_image    (session)  folder of the cached image (built on first use, ~3-4 min)
+  vm          (module)   a started Vm with two blank 4 GiB disks, shared by a test module
+  fresh_vm    (function) the same, but a new VM for each test
+  vm_factory  (function) ``vm_factory(disks=..., name=...)`` -> an UNSTARTED Vm in a tmp
+                         folder; every Vm it made is stopped at teardown
+
+Set GS_VM_KEEP=1 to keep the disk files of finished VMs (they are deleted otherwise,
+the logs are always kept in pytest's tmp folder).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from harness import DEFAULT_DISKS, Vm, ensure_image
+
+HERE = Path(__file__).resolve().parent
+VM_TESTS_ENABLED = os.environ.get("GS_VM_TESTS") == "1"
+SKIP_REASON = "VM test: boots a Debian VM under qemu (minutes); set GS_VM_TESTS=1 (make test-vm) to run it"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if VM_TESTS_ENABLED:
+        return
+    skip = pytest.mark.skip(reason=SKIP_REASON)
+    for item in items:
+        if HERE in Path(item.path).resolve().parents:
+            item.add_marker(skip)
+
+
+def _discard(vm: Vm) -> None:
+    vm.stop()
+    if os.environ.get("GS_VM_KEEP") == "1":
+        return
+    for p in [vm.root_disk, *(vm.disk_path(n) for n in vm.disks)]:
+        p.unlink(missing_ok=True)
+
+
+@pytest.fixture(scope="session")
+def vm_image() -> Path:
+    missing = [t for t in ("qemu-system-x86_64", "qemu-img", "ssh", "debootstrap") if not shutil.which(t)]
+    if missing:
+        pytest.fail(
+            f"missing host tools {missing}: run tests/vm/install-host-deps.sh (as root) first",
+            pytrace=False,
+        )
+    return ensure_image()
+
+
+@pytest.fixture(scope="module")
+def vm(vm_image: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Vm]:
+    machine = Vm(tmp_path_factory.mktemp("vm"), DEFAULT_DISKS, image=vm_image)
+    try:
+        machine.start()
+        yield machine
+    finally:
+        _discard(machine)
+
+
+@pytest.fixture
+def fresh_vm(vm_image: Path, tmp_path: Path) -> Iterator[Vm]:
+    machine = Vm(tmp_path / "vm", DEFAULT_DISKS, image=vm_image)
+    try:
+        machine.start()
+        yield machine
+    finally:
+        _discard(machine)
+
+
+@pytest.fixture
+def vm_factory(vm_image: Path, tmp_path: Path) -> Iterator[object]:
+    made: list[Vm] = []
+
+    def make(disks=DEFAULT_DISKS, name: str = "vm", **kwargs: object) -> Vm:
+        machine = Vm(tmp_path / name, disks, image=vm_image, **kwargs)  # type: ignore[arg-type]
+        made.append(machine)
+        return machine
+
+    try:
+        yield make
+    finally:
+        for machine in made:
+            _discard(machine)

@@ -1,0 +1,692 @@
+"""Throwaway Debian VM (qemu TCG) with blank extra disks, for testing node scripts on a real kernel.
+
+Stdlib only. Typical use::
+
+    image = ensure_image()                      # builds once, cached outside the repo
+    with Vm(tmp_path) as vm:                    # boots, waits for SSH
+        vm.run_script("set -e; mdadm --version")
+        vm.reboot()
+    with Vm(tmp_path) as vm:                    # same disk files, new boot
+        ...
+    vm = Vm(tmp_path); vm.start(attach=["gs-disk-a"])   # boot with gs-disk-b detached
+
+The guest is Debian bookworm booting its own GRUB + kernel + initramfs (so an
+``update-initramfs`` inside it takes effect after a reboot). Each extra disk is a
+sparse RAW file ``<workdir>/<name>.raw`` attached as virtio-blk with ``serial=<name>``,
+so the guest sees ``/dev/disk/by-id/virtio-<name>``. The root disk is a qcow2
+overlay ``<workdir>/root.qcow2`` over the cached image, so it too survives stop/start.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import hashlib
+import os
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import weakref
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+
+__all__ = [
+    "DEFAULT_DISKS",
+    "OS_LAYOUT",
+    "GiB",
+    "MiB",
+    "SshError",
+    "Vm",
+    "VmError",
+    "checksum_regions",
+    "ensure_image",
+    "image_dir",
+    "make_os_like_layout",
+    "os_layout_regions",
+    "partition_sha256s",
+]
+
+MiB = 1024**2
+GiB = 1024**3
+
+HERE = Path(__file__).resolve().parent
+BUILD_SCRIPT = HERE / "build-image.sh"
+INSTALL_DEPS_SCRIPT = HERE / "install-host-deps.sh"
+
+DEFAULT_DISKS: tuple[tuple[str, int], ...] = (("gs-disk-a", 4 * GiB), ("gs-disk-b", 4 * GiB))
+
+_SERIAL_RE = re.compile(r"^[A-Za-z0-9_.-]{1,20}$")  # virtio-blk serials are at most 20 bytes
+
+
+class VmError(RuntimeError):
+    """The VM did not start, stop or reboot as expected."""
+
+
+class SshError(subprocess.CalledProcessError):
+    """A command run over SSH exited non-zero; str() includes its output."""
+
+    def __str__(self) -> str:
+        def tail(s: str | bytes | None) -> str:
+            if s is None:
+                return ""
+            if isinstance(s, bytes):
+                s = s.decode(errors="replace")
+            lines = s.rstrip().splitlines()
+            return "\n".join(lines[-40:])
+
+        cmd = self.cmd if isinstance(self.cmd, str) else shlex.join(self.cmd)
+        if len(cmd) > 400:
+            cmd = cmd[:400] + " ..."
+        return (
+            f"guest command exited {self.returncode}: {cmd}\n"
+            f"--- stdout (tail) ---\n{tail(self.stdout)}\n"
+            f"--- stderr (tail) ---\n{tail(self.stderr)}"
+        )
+
+
+# --------------------------------------------------------------------------- image
+
+
+def image_dir(cache_root: Path | None = None) -> Path:
+    """Where build-image.sh puts (or has put) the image for its current content."""
+    root = cache_root or Path(os.environ.get("GS_VM_CACHE") or Path.home() / ".cache" / "gpu-serving")
+    digest = hashlib.sha256(BUILD_SCRIPT.read_bytes()).hexdigest()[:16]
+    return root / f"image-{digest}"
+
+
+def ensure_image(timeout: float = 1800) -> Path:
+    """Build the VM image if it is not cached yet; return its folder.
+
+    The folder holds ``disk.raw``, ``id_ed25519`` and ``id_ed25519.pub``.
+    Building needs root and the tools from install-host-deps.sh (~3 min).
+    """
+    target = image_dir()
+    if (target / "disk.raw").is_file():
+        return target
+    proc = subprocess.run(
+        ["bash", str(BUILD_SCRIPT)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    if proc.returncode != 0:
+        raise VmError(f"{BUILD_SCRIPT} failed with exit code {proc.returncode}:\n{proc.stderr[-4000:]}")
+    if not (target / "disk.raw").is_file():
+        raise VmError(f"{BUILD_SCRIPT} succeeded but {target}/disk.raw is missing")
+    return target
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _set_pdeathsig() -> None:  # pragma: no cover - runs in the child
+    # If the Python process dies without stopping the VM, qemu gets SIGTERM
+    # (a clean qemu exit) instead of lingering forever.
+    with contextlib.suppress(Exception):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def checksum_regions(
+    path: str | os.PathLike[str],
+    regions: Iterable[tuple[int, int]] = ((0, MiB), (-MiB, MiB)),
+) -> dict[tuple[int, int], str]:
+    """sha256 of byte ranges of a (raw disk) file, keyed by the ``(offset, length)`` given.
+
+    A negative offset counts from the end of the file, so the default
+    ``((0, MiB), (-MiB, MiB))`` hashes the first and the last MiB.
+    Reads past the end are an error. Hash a disk only after the guest has
+    flushed it (``sync``/``blockdev --flushbufs``) or with the VM stopped.
+    """
+    path = Path(path)
+    size = path.stat().st_size
+    out: dict[tuple[int, int], str] = {}
+    with open(path, "rb") as f:
+        for region in regions:
+            offset, length = region
+            start = offset + size if offset < 0 else offset
+            if start < 0 or length < 0 or start + length > size:
+                raise ValueError(f"region {region} outside {path} ({size} bytes)")
+            f.seek(start)
+            h = hashlib.sha256()
+            left = length
+            while left:
+                chunk = f.read(min(left, 4 * MiB))
+                if not chunk:
+                    raise ValueError(f"short read in {path} at region {region}")
+                h.update(chunk)
+                left -= len(chunk)
+            out[(offset, length)] = h.hexdigest()
+    return out
+
+
+_live_vms: weakref.WeakSet[Vm] = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_leftover_vms() -> None:
+    for vm in list(_live_vms):
+        with contextlib.suppress(Exception):
+            vm.stop(timeout=60)
+
+
+# --------------------------------------------------------------------------- the VM
+
+
+class Vm:
+    """One throwaway VM in its own work folder.
+
+    ``disks`` are ``(name, size_bytes)``; each becomes ``<workdir>/<name>.raw`` (sparse,
+    created on first use, kept across stop/start) and ``/dev/disk/by-id/virtio-<name>``
+    in the guest. ``attach`` (attribute, or argument of ``start``) selects which of
+    them are plugged in at the next boot; ``None`` means all.
+    """
+
+    def __init__(
+        self,
+        workdir: str | os.PathLike[str],
+        disks: Sequence[tuple[str, int]] = DEFAULT_DISKS,
+        *,
+        image: str | os.PathLike[str] | None = None,
+        memory_mib: int = 1024,
+        cpus: int = 2,
+        boot_timeout: float = 180,
+    ) -> None:
+        self.workdir = Path(workdir).resolve()
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.disks: dict[str, int] = {}
+        for name, size in disks:
+            if not _SERIAL_RE.match(name):
+                raise ValueError(f"disk name {name!r}: use at most 20 chars of [A-Za-z0-9_.-] (it is the virtio serial)")
+            if name in self.disks or name == "gs-root":
+                raise ValueError(f"duplicate or reserved disk name {name!r}")
+            self.disks[name] = int(size)
+        if len(self.disks) > 24:
+            raise ValueError("at most 24 extra disks")
+        self.image = Path(image) if image else None
+        self.memory_mib = memory_mib
+        self.cpus = cpus
+        self.boot_timeout = boot_timeout
+        self.attach: list[str] | None = None
+        self.host = "127.0.0.1"
+        self.user = "root"
+        self._port: int | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._mon_dir: str | None = None
+        self._attached: list[str] = []
+        self._key: Path | None = None
+
+    # ---- properties -------------------------------------------------------
+
+    @property
+    def port(self) -> int:
+        if self._port is None:
+            raise VmError("VM not started")
+        return self._port
+
+    @property
+    def key_path(self) -> Path:
+        """Private key accepted by root@guest (a copy inside workdir, mode 0600)."""
+        if self._key is None:
+            raise VmError("VM not started")
+        return self._key
+
+    @property
+    def serial_log(self) -> Path:
+        return self.workdir / "serial.log"
+
+    @property
+    def qemu_log(self) -> Path:
+        return self.workdir / "qemu.log"
+
+    @property
+    def root_disk(self) -> Path:
+        return self.workdir / "root.qcow2"
+
+    @property
+    def monitor_socket(self) -> Path | None:
+        return Path(self._mon_dir) / "mon.sock" if self._mon_dir else None
+
+    @property
+    def attached(self) -> list[str]:
+        """Extra disks plugged in at the current/last boot."""
+        return list(self._attached)
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    def disk_path(self, name: str) -> Path:
+        """Host path of the raw file behind extra disk ``name``."""
+        if name not in self.disks:
+            raise KeyError(f"no disk {name!r}; have {sorted(self.disks)}")
+        return self.workdir / f"{name}.raw"
+
+    @staticmethod
+    def by_id(name: str) -> str:
+        """Guest path of extra disk ``name``: ``/dev/disk/by-id/virtio-<name>``."""
+        return f"/dev/disk/by-id/virtio-{name}"
+
+    # ---- lifecycle --------------------------------------------------------
+
+    def _prepare_files(self) -> None:
+        img = self.image or ensure_image()
+        self.image = img
+        src_key = img / "id_ed25519"
+        self._key = self.workdir / "id_ed25519"
+        if not self._key.exists():
+            self._key.write_bytes(src_key.read_bytes())
+            self._key.chmod(0o600)
+            (self.workdir / "id_ed25519.pub").write_bytes((img / "id_ed25519.pub").read_bytes())
+        if not self.root_disk.exists():
+            subprocess.run(
+                ["qemu-img", "create", "-q", "-f", "qcow2",
+                 "-b", str(img / "disk.raw"), "-F", "raw", str(self.root_disk)],
+                check=True,
+            )  # fmt: skip
+        for name, size in self.disks.items():
+            p = self.disk_path(name)
+            if not p.exists():
+                with open(p, "wb") as f:
+                    f.truncate(size)
+
+    def _qemu_argv(self, port: int, attach: list[str]) -> list[str]:
+        argv = [
+            "qemu-system-x86_64",
+            "-name", f"gs-vmtest-{port}",
+            "-machine", "q35",
+            "-accel", "tcg,thread=multi,tb-size=256",  # KVM hangs on these hosts
+            "-cpu", "qemu64",
+            "-smp", str(self.cpus),
+            "-m", str(self.memory_mib),
+            "-nodefaults", "-no-user-config",
+            "-display", "none",
+            # Fixed PCI slots: root first (vda), extra disks in declaration order,
+            # each at the same slot whether or not the others are attached.
+            "-drive", f"file={self.root_disk},if=none,id=d-root,format=qcow2,cache=unsafe",
+            "-device", "virtio-blk-pci,drive=d-root,serial=gs-root,bootindex=0,addr=0x4",
+        ]  # fmt: skip
+        slots = {n: 5 + i for i, n in enumerate(self.disks)}
+        for name in attach:
+            argv += [
+                "-drive",
+                f"file={self.disk_path(name)},if=none,id=d-{name},format=raw,cache=unsafe",
+                "-device", f"virtio-blk-pci,drive=d-{name},serial={name},addr={slots[name]:#x}",
+            ]  # fmt: skip
+        argv += [
+            # restrict=on: the guest reaches nothing (not the host, not outside);
+            # only the explicit SSH forward on loopback works.
+            "-netdev", f"user,id=n0,restrict=on,hostfwd=tcp:127.0.0.1:{port}-:22",
+            "-device", "virtio-net-pci,netdev=n0,romfile=,addr=0x3",
+            "-serial", f"file:{self.serial_log}",
+            "-monitor", f"unix:{self.monitor_socket},server=on,wait=off",
+            "-pidfile", str(self.workdir / "qemu.pid"),
+        ]  # fmt: skip
+        return argv
+
+    def start(
+        self,
+        attach: Iterable[str] | None = None,
+        *,
+        timeout: float | None = None,
+        port: int | None = None,
+        keep_running: bool = False,
+    ) -> Vm:
+        """Boot the VM and wait until SSH answers.
+
+        ``attach``: names of the extra disks to plug in for this boot (default:
+        ``self.attach``, or all). The disk files of detached disks are kept.
+        ``port``: a fixed SSH port on 127.0.0.1 instead of a free one.
+        ``keep_running``: the VM outlives this Python process (the lab VM); stop it
+        with ``stop()`` from a later process or ``poweroff`` over SSH.
+        """
+        if self.running:
+            raise VmError("VM already running")
+        if attach is None:
+            attach = self.attach
+        names = list(self.disks) if attach is None else list(attach)
+        for n in names:
+            if n not in self.disks:
+                raise KeyError(f"no disk {n!r}; have {sorted(self.disks)}")
+        self._prepare_files()
+        if self.serial_log.exists() and self.serial_log.stat().st_size:
+            # keep the previous run's console log (qemu truncates the file)
+            self.serial_log.replace(self.workdir / "serial.prev.log")
+        self._mon_dir = tempfile.mkdtemp(prefix="gsvm-")  # short path for the unix socket
+        last_err = ""
+        fixed_port = port
+        for _attempt in range(3):
+            port = fixed_port or _free_port()
+            with open(self.qemu_log, "wb") as log:
+                self._proc = subprocess.Popen(
+                    self._qemu_argv(port, names),
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,  # Ctrl-C in pytest must not kill qemu mid-write
+                    preexec_fn=None if keep_running else _set_pdeathsig,
+                )
+            time.sleep(0.5)
+            if self._proc.poll() is None:
+                break
+            last_err = self.qemu_log.read_text(errors="replace")
+            self._proc = None
+            if "forwarding" not in last_err and "in use" not in last_err:
+                break  # not a port race: no point retrying
+        if self._proc is None:
+            self._cleanup_monitor()
+            raise VmError(f"qemu failed to start:\n{last_err}")
+        self._port = port
+        self._attached = names
+        if not keep_running:
+            _live_vms.add(self)
+        try:
+            self.wait_ssh(timeout or self.boot_timeout)
+        except BaseException:
+            self.stop(timeout=30)
+            raise
+        return self
+
+    def wait_ssh(self, timeout: float = 180, *, not_boot_id: str | None = None) -> None:
+        """Poll (once a second) until SSH answers; with ``not_boot_id``, until it
+        answers from a boot other than that one."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if not self.running:
+                raise VmError("qemu exited while waiting for SSH\n" + self._diagnostics())
+            try:
+                r = self.ssh(
+                    "cat /proc/sys/kernel/random/boot_id",
+                    check=False,
+                    timeout=15,
+                    connect_timeout=5,
+                )
+                seen = r.stdout.strip() if r.returncode == 0 else ""
+                if seen and seen != not_boot_id:
+                    return
+            except subprocess.TimeoutExpired:
+                pass
+            if time.monotonic() > deadline:
+                raise VmError(f"SSH on {self.host}:{self.port} did not answer within {timeout:.0f} s\n" + self._diagnostics())
+            time.sleep(1)
+
+    def _diagnostics(self) -> str:
+        parts = []
+        for label, path in (("qemu log", self.qemu_log), ("serial log", self.serial_log)):
+            try:
+                lines = path.read_text(errors="replace").splitlines()[-60:]
+            except OSError:
+                lines = ["(missing)"]
+            parts.append(f"--- {label} ({path}), tail ---\n" + "\n".join(lines))
+        return "\n".join(parts)
+
+    def boot_id(self) -> str:
+        return self.ssh("cat /proc/sys/kernel/random/boot_id").stdout.strip()
+
+    def reboot(self, *, timeout: float | None = None) -> None:
+        """``systemctl reboot`` in the guest, then wait for SSH from the NEW boot."""
+        old = self.boot_id()
+        # The connection may drop before ssh sees an exit status (255): ignore.
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.ssh("systemctl reboot", check=False, timeout=30)
+        self.wait_ssh(timeout or self.boot_timeout + 60, not_boot_id=old)
+
+    def monitor(self, command: str, timeout: float = 5) -> str:
+        """Send one human-monitor command (e.g. ``quit``, ``info block``); return its output."""
+        sock_path = self.monitor_socket
+        if sock_path is None or not self.running:
+            raise VmError("VM not running")
+        out = b""
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(timeout)
+            s.connect(str(sock_path))
+            s.sendall(command.encode() + b"\n")
+            with contextlib.suppress(OSError):
+                end = time.monotonic() + timeout
+                while time.monotonic() < end:
+                    chunk = s.recv(65536)
+                    if not chunk:
+                        break
+                    out += chunk
+                    if command != "quit" and out.rstrip().endswith(b"(qemu)") and out.count(b"(qemu)") >= 2:
+                        break
+        return out.decode(errors="replace")
+
+    def _wait_exit(self, timeout: float) -> bool:
+        assert self._proc is not None
+        try:
+            self._proc.wait(timeout=timeout)
+            return True
+        except subprocess.TimeoutExpired:
+            return False
+
+    def stop(self, *, timeout: float = 120) -> None:
+        """Power off over SSH and wait for qemu to exit.
+
+        Fallbacks, in order: ``quit`` on the monitor socket, SIGTERM, SIGKILL.
+        No-op when not running.
+        """
+        proc = self._proc
+        if proc is None:
+            return
+        try:
+            if proc.poll() is None:
+                with contextlib.suppress(Exception):
+                    self.ssh("systemctl poweroff", check=False, timeout=30, connect_timeout=5)
+                if not self._wait_exit(timeout):
+                    with contextlib.suppress(Exception):
+                        self.monitor("quit")
+                    if not self._wait_exit(15):
+                        proc.terminate()
+                        if not self._wait_exit(15):
+                            proc.kill()
+                            proc.wait()
+        finally:
+            _live_vms.discard(self)
+            self._proc = None
+            self._cleanup_monitor()
+
+    def _cleanup_monitor(self) -> None:
+        if self._mon_dir:
+            with contextlib.suppress(OSError):
+                for p in Path(self._mon_dir).iterdir():
+                    p.unlink()
+                os.rmdir(self._mon_dir)
+            self._mon_dir = None
+
+    def __enter__(self) -> Vm:
+        if not self.running:
+            self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        state = f"running on {self.host}:{self._port}" if self.running else "stopped"
+        return f"<Vm {self.workdir} {state} attached={self._attached}>"
+
+    # ---- SSH --------------------------------------------------------------
+
+    def ssh_options(self, *, connect_timeout: float = 10) -> list[str]:
+        """``-o`` options for ssh/scp (no host/port/key)."""
+        return [
+            "-F", "/dev/null",
+            "-o", "StrictHostKeyChecking=no",
+            "-o", "UserKnownHostsFile=/dev/null",
+            "-o", "GlobalKnownHostsFile=/dev/null",
+            "-o", "BatchMode=yes",
+            "-o", "IdentitiesOnly=yes",
+            "-o", "LogLevel=ERROR",
+            "-o", f"ConnectTimeout={int(connect_timeout)}",
+            "-o", "ServerAliveInterval=15",
+            "-o", "ServerAliveCountMax=8",
+        ]  # fmt: skip
+
+    def ssh_argv(self, *, key_path: str | os.PathLike[str] | None = None, connect_timeout: float = 10) -> list[str]:
+        """``ssh`` argv up to and including ``user@host`` (append the remote command).
+
+        ``key_path`` overrides the key, e.g. to check that a WRONG key is refused.
+        """
+        return [
+            "ssh",
+            *self.ssh_options(connect_timeout=connect_timeout),
+            "-i", str(key_path or self.key_path),
+            "-p", str(self.port),
+            f"{self.user}@{self.host}",
+        ]  # fmt: skip
+
+    def ssh(
+        self,
+        cmd: str,
+        *,
+        input: str | bytes | None = None,
+        check: bool = True,
+        timeout: float | None = 600,
+        connect_timeout: float = 10,
+        key_path: str | os.PathLike[str] | None = None,
+    ) -> subprocess.CompletedProcess[str]:
+        """Run ``cmd`` (a shell command line) as root in the guest.
+
+        Returns a text-mode CompletedProcess. ``input`` may be str or bytes (bytes
+        are sent unchanged). With ``check`` a non-zero exit raises :class:`SshError`
+        (exit 255 = ssh itself failed).
+        """
+        argv = [*self.ssh_argv(key_path=key_path, connect_timeout=connect_timeout), cmd]
+        if isinstance(input, bytes):
+            raw = subprocess.run(argv, input=input, capture_output=True, timeout=timeout)
+            res = subprocess.CompletedProcess(
+                argv,
+                raw.returncode,
+                raw.stdout.decode(errors="replace"),
+                raw.stderr.decode(errors="replace"),
+            )
+        else:
+            res = subprocess.run(
+                argv,
+                input=input,
+                capture_output=True,
+                text=True,
+                errors="replace",
+                timeout=timeout,
+                stdin=subprocess.DEVNULL if input is None else None,
+            )
+        if check and res.returncode != 0:
+            raise SshError(res.returncode, cmd, res.stdout, res.stderr)
+        return res
+
+    def run_script(
+        self,
+        text: str,
+        *,
+        args: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+        check: bool = True,
+        timeout: float | None = 600,
+    ) -> subprocess.CompletedProcess[str]:
+        """Pipe a bash script to ``bash -s`` in the guest (``args`` become $1...)."""
+        prefix = ""
+        if env:
+            for k in env:
+                if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", k):
+                    raise ValueError(f"bad environment variable name {k!r}")
+            prefix = "env " + " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()) + " "
+        cmd = prefix + "bash -s --" + "".join(" " + shlex.quote(a) for a in args)
+        return self.ssh(cmd, input=text, check=check, timeout=timeout)
+
+    def put_file(self, data: str | bytes, guest_path: str, mode: str = "0644") -> None:
+        """Write ``data`` to ``guest_path`` in the guest (parent folder is created)."""
+        q = shlex.quote(guest_path)
+        self.ssh(
+            f'mkdir -p -- "$(dirname -- {q})" && cat > {q} && chmod {mode} {q}',
+            input=data if isinstance(data, bytes) else data.encode(),
+        )
+
+    def checksum_disk(self, name: str, regions: Iterable[tuple[int, int]] = ((0, MiB), (-MiB, MiB))) -> dict[tuple[int, int], str]:
+        """:func:`checksum_regions` of extra disk ``name``. Flushes the guest first if running."""
+        if self.running:
+            self.ssh("sync; blockdev --flushbufs /dev/vd? 2>/dev/null; true")
+        return checksum_regions(self.disk_path(name), regions)
+
+
+# --------------------------------------------------------------------------- OS-like layout
+
+# (GPT name, sgdisk type code, start MiB, size MiB): like a node's sda1..sda4.
+OS_LAYOUT: tuple[tuple[str, str, int, int], ...] = (
+    ("efi", "ef00", 1, 32),
+    ("boot", "8300", 33, 64),
+    ("swap", "8200", 97, 64),
+    ("root", "8300", 161, 128),
+)
+OS_LAYOUT_END_MIB = OS_LAYOUT[-1][2] + OS_LAYOUT[-1][3]  # 289 MiB; the rest of the disk is free
+
+
+def os_layout_regions() -> list[tuple[int, int]]:
+    """Byte ranges ``(offset, length)`` of the OS_LAYOUT partitions in a raw disk file
+    (use with :func:`checksum_regions` on the host: same sha256 as in the guest)."""
+    return [(start * MiB, size * MiB) for _n, _t, start, size in OS_LAYOUT]
+
+
+def partition_sha256s(vm: Vm, devices: Iterable[str]) -> dict[str, str]:
+    """sha256 of each guest block device's content, read in the guest."""
+    devs = list(devices)
+    script = (
+        'set -eu\nfor d in "$@"; do\n'
+        '  blockdev --flushbufs "$d"\n'
+        '  printf \'%s %s\\n\' "$d" "$(sha256sum < "$d" | cut -d\' \' -f1)"\n'
+        "done\n"
+    )
+    out = vm.run_script(script, args=devs, timeout=900).stdout
+    res = dict(line.split(" ", 1) for line in out.splitlines() if line.strip())
+    return {d: res[d].strip() for d in devs}
+
+
+def make_os_like_layout(vm: Vm, disks: Iterable[str] | None = None) -> dict[str, str]:
+    """Give each blank extra disk a GPT with OS-like partitions 1-4 (efi 32 MiB,
+    boot 64 MiB, swap 64 MiB, root 128 MiB; ends at 289 MiB, the rest is free), fill
+    each partition with random data and return
+    ``{"/dev/disk/by-id/virtio-<disk>-part<N>": sha256}`` read back in the guest.
+
+    Run it on a running VM; ``disks`` defaults to all attached extra disks.
+    """
+    names = list(vm.attached if disks is None else disks)
+    sg_args = []
+    for i, (label, code, start, size) in enumerate(OS_LAYOUT, 1):
+        end = start + size
+        # sgdisk takes sectors when no unit is given; 512-byte sectors
+        sg_args += [
+            f"-n{i}:{start * 2048}:{end * 2048 - 1}",
+            f"-t{i}:{code}",
+            f"-c{i}:{label}",
+        ]
+    devices: list[str] = []
+    lines = ["set -euo pipefail"]
+    for name in names:
+        disk = Vm.by_id(name)
+        lines.append(f"sgdisk -Z {shlex.join(sg_args)} {disk} >/dev/null")
+        devices += [f"{disk}-part{i}" for i in range(1, len(OS_LAYOUT) + 1)]
+    lines.append("udevadm settle")
+    for name in names:
+        disk = Vm.by_id(name)
+        for i, (_label, _code, _start, size) in enumerate(OS_LAYOUT, 1):
+            part = f"{disk}-part{i}"
+            lines.append(f"test -b {part}")
+            lines.append(f"dd if=/dev/urandom of={part} bs=1M count={size} iflag=fullblock oflag=direct status=none")
+    lines.append("sync")
+    vm.run_script("\n".join(lines) + "\n", timeout=900)
+    return partition_sha256s(vm, devices)

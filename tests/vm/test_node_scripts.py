@@ -1,0 +1,328 @@
+"""The node scripts on a real kernel: the RENDERED scripts, run over SSH in order, as `pulumi up` would.
+
+One VM (two blank 4 GiB disks that first get an OS-like layout, like the seed's sda/sdb) is shared
+by the whole module and the tests build on each other, in file order:
+
+    foreign data refused -> first run (killed once midway, then converging) -> second run changes
+    nothing -> reboot keeps the name and the mount -> grow 2 GB -> 3 GB with data intact ->
+    runtime step (FAKE nvidia-ctk/containerd) -> delete scripts keep everything -> one disk
+    missing: degraded, still mounted, health says so -> disk back: re-added.
+
+Scripts are sent exactly as pulumi_command sends `create`: the whole text as the SSH command, run
+by root's login shell. Skipped unless GS_VM_TESTS=1 (tests/vm/conftest.py).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from harness import Vm, make_os_like_layout, partition_sha256s
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from stacks.config import usable_gib  # noqa: E402
+from tools.render import run_program  # noqa: E402
+
+NODE = "k8s-worker-02"
+DISKS = ("gs-disk-a", "gs-disk-b")
+SIZE_A, SIZE_B = 2, 3  # GB; the disks are 4 GiB with 289 MiB of OS partitions in front
+MOUNT = "/mnt/models"
+MD = "/dev/md/models"
+DISK_STEPS = ["10-preflight", "20-partition", "30-raid", "40-filesystem", "50-mount", "60-grow", "70-health"]
+FILES = "/etc/fstab /etc/mdadm/mdadm.conf /boot/initrd.img-*"
+
+FAKE_NVIDIA_CTK = r"""#!/bin/bash
+# FAKE nvidia-ctk (NVIDIA's repository is unreachable from the test host). Does what
+# nvidia-ctk >= 1.18 `runtime configure --runtime=containerd` does: writes the drop-in
+# (default /etc/containerd/conf.d/99-nvidia.toml) and rewrites config.toml with an imports
+# entry for the drop-in folder -- unconditionally, as the real tool does -- logging to stderr.
+set -euo pipefail
+if [[ " $* " == *" --help "* ]]; then
+  printf '   --drop-in-config value  path to the NVIDIA-specific config file to create\n'
+  exit 0
+fi
+[[ ${1:-} == runtime && ${2:-} == configure ]] || { echo "fake nvidia-ctk: unsupported: $*" >&2; exit 2; }
+config=/etc/containerd/config.toml dropin=/etc/containerd/conf.d/99-nvidia.toml default=false
+for a in "$@"; do
+  case $a in
+    --config=*) config=${a#*=} ;;
+    --drop-in-config=*) dropin=${a#*=} ;;
+    --set-as-default | --nvidia-set-as-default) default=true ;;
+  esac
+done
+echo "$*" >>/var/log/fake-nvidia-ctk.log
+mkdir -p "${dropin%/*}"
+{
+  printf 'version = 2\n\n[plugins]\n\n  [plugins."io.containerd.grpc.v1.cri"]\n\n    [plugins."io.containerd.grpc.v1.cri".containerd]\n'
+  if [[ $default == true ]]; then printf '      default_runtime_name = "nvidia"\n'; fi
+  printf '\n      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes]\n\n'
+  printf '        [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia]\n'
+  printf '          privileged_without_host_devices = false\n          runtime_engine = ""\n          runtime_root = ""\n'
+  printf '          runtime_type = "io.containerd.runc.v2"\n\n'
+  printf '          [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia.options]\n'
+  printf '            BinaryName = "/usr/bin/nvidia-container-runtime"\n'
+} >"$dropin"
+current=$(cat "$config" 2>/dev/null || true)
+if [[ $current != *'"'"${dropin%/*}"'/*.toml"'* ]]; then
+  current="imports = [\"${dropin%/*}/*.toml\"]"$'\n'"$current"
+fi
+printf '%s\n' "$current" >"$config"
+echo "INFO[0000] Wrote updated config to $dropin" >&2
+"""
+
+FAKE_CONTAINERD = """#!/bin/bash
+# FAKE containerd: answers --version like containerd 1.7; as a daemon it only sleeps, so a
+# restart is visible through systemd (InvocationID) without a container runtime.
+if [[ ${1:-} == --version ]]; then
+  echo "containerd github.com/containerd/containerd v1.7.24 88bf19b2105c8b17560993bee28a01ddc2f97182"
+  exit 0
+fi
+exec sleep infinity
+"""
+CONTAINERD_UNIT = "[Unit]\nDescription=fake containerd (tests)\n[Service]\nExecStart=/usr/local/bin/containerd\n"
+
+TIMINGS: dict[str, float] = {}
+
+
+# ---------------------------------------------------------------------------- helpers
+
+
+def render_steps(size_gb: int) -> dict[str, dict[str, str]]:
+    """{step: {"create", "delete"}} for the prod node pointed at the VM's disks, via the offline render."""
+    import yaml
+
+    nodes = yaml.safe_load((ROOT / "Pulumi.prod.yaml").read_text())["config"]["gpu-serving:nodes"]
+    nodes[0]["storage"] = {
+        "disks": [Vm.by_id(d) for d in DISKS], "sizeGb": size_gb, "raidName": "models", "mountpoint": MOUNT,
+    }  # fmt: skip
+    render = run_program("prod", overrides={"gpu-serving:nodes": json.dumps(nodes), "gpu-serving:models": "[]"})
+    steps = {}
+    for cmd in render.of_type("command:remote:Command"):
+        node, _, step = cmd.name.partition(":")
+        if node == NODE:
+            steps[step] = {"create": cmd.inputs["create"], "delete": cmd.inputs["delete"]}
+    return steps
+
+
+def run(vm: Vm, text: str, *, check: bool = True, timeout: float = 900):
+    """Like pulumi_command: the script text is the SSH command."""
+    return vm.ssh(text, check=check, timeout=timeout)
+
+
+def report(stdout: str) -> dict[str, Any]:
+    lines = [line for line in stdout.splitlines() if line.startswith("{")]
+    assert lines, stdout
+    return json.loads(lines[-1])
+
+
+def run_steps(vm: Vm, steps: dict[str, dict[str, str]], names: list[str], label: str) -> dict[str, dict[str, Any]]:
+    reports = {}
+    started = time.monotonic()
+    for name in names:
+        t = time.monotonic()
+        reports[name] = report(run(vm, steps[name]["create"]).stdout)
+        TIMINGS[f"{label} {name}"] = round(time.monotonic() - t, 1)
+    TIMINGS[f"{label} total"] = round(time.monotonic() - started, 1)
+    return reports
+
+
+def snapshot(vm: Vm) -> str:
+    """mtime, size and sha256 of fstab, mdadm.conf, the initramfs and both partition tables."""
+    script = (
+        f"stat -c '%n %Y %s' {FILES}; sha256sum {FILES}; "
+        + " ".join(f"sgdisk -p {Vm.by_id(d)} | sha256sum; dd if={Vm.by_id(d)} bs=1M count=1 status=none | sha256sum;" for d in DISKS)
+    )
+    return vm.ssh(script).stdout
+
+
+def sha(vm: Vm, path: str) -> str:
+    return vm.ssh(f"sha256sum {shlex.quote(path)}").stdout.split()[0]
+
+
+def write_file(vm: Vm, path: str, mib: int) -> str:
+    vm.ssh(f"head -c {mib}M /dev/urandom > {shlex.quote(path)} && sync")
+    return sha(vm, path)
+
+
+@pytest.fixture(scope="module")
+def node(vm: Vm) -> dict[str, Any]:
+    """Module state: the VM after the OS-like layout, with the checksums of the OS partitions."""
+    t = time.monotonic()
+    layout = make_os_like_layout(vm, DISKS)
+    TIMINGS["os-like layout"] = round(time.monotonic() - t, 1)
+    yield {"layout": layout, "steps": render_steps(SIZE_A)}
+    print("\nVM timings (s):", json.dumps(TIMINGS, indent=1))
+
+
+def assert_os_intact(vm: Vm, node: dict[str, Any]) -> None:
+    assert partition_sha256s(vm, node["layout"]) == node["layout"]
+
+
+# ---------------------------------------------------------------------------- tests, in order
+
+
+def test_foreign_data_is_refused_and_kept(vm, node):
+    steps = node["steps"]
+    part_b = f"{Vm.by_id(DISKS[1])}-part5"
+    # Our partitions, then a foreign filesystem with a file on disk b's.
+    run(vm, steps["20-partition"]["create"])
+    vm.ssh(f"mkfs.ext4 -q {part_b} && mkdir -p /mnt/x && mount {part_b} /mnt/x && head -c 1M /dev/urandom > /mnt/x/keep && sync")
+    kept = sha(vm, "/mnt/x/keep")
+    vm.ssh("umount /mnt/x")
+    for step in ("10-preflight", "30-raid"):
+        proc = run(vm, steps[step]["create"], check=False)
+        assert proc.returncode != 0, step
+        assert "ext4" in proc.stderr and "not our array" in proc.stderr, proc.stderr
+    assert vm.ssh(f"test -e {MD}", check=False).returncode != 0
+    vm.ssh(f"mount -o ro {part_b} /mnt/x")
+    assert sha(vm, "/mnt/x/keep") == kept
+    # The operator decides the data is disposable: wipe it, as the message says.
+    vm.ssh(f"umount /mnt/x && wipefs -a -q {part_b}")
+    assert_os_intact(vm, node)
+
+
+def test_first_run_killed_midway_then_converges(vm, node):
+    steps = node["steps"]
+    run_steps(vm, steps, ["10-preflight", "20-partition"], "first")
+    # Kill the raid step while it refreshes the initramfs (after mdadm --create and mdadm.conf).
+    vm.put_file(steps["30-raid"]["create"], "/root/raid.sh", "0700")
+    proc = vm.ssh("timeout -s KILL 25 bash /root/raid.sh", check=False, timeout=120)
+    # timeout SIGKILLs its whole process group (update-initramfs included); ssh reports 255 or 137.
+    assert proc.returncode in (137, 255), proc.stdout + proc.stderr
+    assert "refreshing the initramfs" in proc.stdout
+    # Rerun everything, as the next `pulumi up` would (the failed step and all after it).
+    reports = run_steps(vm, steps, DISK_STEPS, "first")
+    raid = reports["30-raid"]
+    assert raid["result"] == "changed"  # the initramfs refresh the kill interrupted
+    health = reports["70-health"]
+    assert health["health"] in ("clean", "resyncing") and health["mounted"] is True
+    assert health["device"] == MD and health["arrayUuid"] and health["filesystemUuid"]
+    node["health"] = health
+    detail = vm.ssh(f"mdadm --detail {MD}").stdout
+    assert "raid1" in detail and "Intent Bitmap : Internal" in detail and "any:models" in detail
+    assert vm.ssh(f"findmnt -n -o FSTYPE {MOUNT}").stdout.strip() == "xfs"
+    fstab = vm.ssh("cat /etc/fstab").stdout
+    assert fstab.count(f"UUID={health['filesystemUuid']} ") == 1
+    assert f" {MOUNT} xfs noatime,nofail,x-systemd.device-timeout=30s,x-systemd.before=kubelet.service 0 0" in fstab
+    assert vm.ssh("grep -c '^ARRAY' /etc/mdadm/mdadm.conf").stdout.strip() == "1"
+    assert vm.ssh(f"grep -c 'UUID={health['arrayUuid']}' /etc/mdadm/mdadm.conf").stdout.strip() == "1"
+    # The declared PV capacity fits the fresh filesystem.
+    assert usable_gib(SIZE_A) * 2**30 <= health["usableBytes"]
+    node["file"] = write_file(vm, f"{MOUNT}/model.bin", 64)
+    assert_os_intact(vm, node)
+
+
+def test_second_run_changes_nothing(vm, node):
+    before = snapshot(vm)
+    reports = run_steps(vm, node["steps"], DISK_STEPS, "second")
+    for name, rep in reports.items():
+        assert rep["result"] == "unchanged", (name, rep)
+    assert snapshot(vm) == before
+
+
+def test_reboot_keeps_name_and_mount(vm, node):
+    t = time.monotonic()
+    vm.reboot()
+    TIMINGS["reboot"] = round(time.monotonic() - t, 1)
+    assert vm.ssh(f"test -b {MD} && findmnt -n -o SOURCE {MOUNT}").stdout.strip().startswith("/dev/md")
+    assert "md/models" in vm.ssh("mdadm --detail --scan").stdout
+    assert sha(vm, f"{MOUNT}/model.bin") == node["file"]
+    reports = run_steps(vm, node["steps"], DISK_STEPS, "after-reboot")
+    assert all(r["result"] == "unchanged" for r in reports.values()), reports
+
+
+def test_grow_keeps_data(vm, node):
+    bigger = render_steps(SIZE_B)
+    before = node["health"]["usableBytes"]
+    reports = run_steps(vm, bigger, DISK_STEPS, "grow")
+    assert reports["60-grow"]["result"] == "changed"
+    assert reports["30-raid"]["result"] == "unchanged" and reports["40-filesystem"]["result"] == "unchanged"
+    after = reports["70-health"]["usableBytes"]
+    assert after > before + 900 * 10**6
+    assert usable_gib(SIZE_B) * 2**30 <= after
+    assert sha(vm, f"{MOUNT}/model.bin") == node["file"]
+    assert "Intent Bitmap : Internal" in vm.ssh(f"mdadm --detail {MD}").stdout
+    again = run_steps(vm, bigger, ["60-grow"], "grow-again")
+    assert again["60-grow"]["result"] == "unchanged"
+    # Shrinking back is refused, with a message that says what to do.
+    proc = run(vm, render_steps(SIZE_A)["10-preflight"]["create"], check=False)
+    assert proc.returncode != 0 and "shrinking is not supported" in proc.stderr
+    node["steps"] = bigger
+    assert_os_intact(vm, node)
+
+
+def test_runtime_step_with_fake_nvidia_ctk(vm, node):
+    """FAKE nvidia-ctk and containerd: NVIDIA's packages are not installable here."""
+    vm.put_file(FAKE_NVIDIA_CTK, "/usr/local/bin/nvidia-ctk", "0755")
+    vm.put_file(FAKE_CONTAINERD, "/usr/local/bin/containerd", "0755")
+    vm.put_file(CONTAINERD_UNIT, "/etc/systemd/system/containerd.service")
+    vm.ssh("systemctl daemon-reload && systemctl start containerd")
+    invocation = "systemctl show -p InvocationID --value containerd"
+    first_id = vm.ssh(invocation).stdout.strip()
+    script = node["steps"]["80-runtime"]["create"]
+    first = report(run(vm, script).stdout)
+    assert first["result"] == "changed" and first["setAsDefault"] is True
+    second_id = vm.ssh(invocation).stdout.strip()
+    assert second_id != first_id  # restarted once
+    dropin = vm.ssh("cat /etc/containerd/conf.d/99-nvidia.toml").stdout
+    assert 'default_runtime_name = "nvidia"' in dropin and "nvidia-container-runtime" in dropin
+    assert "--drop-in-config=/etc/containerd/conf.d/99-nvidia.toml" in vm.ssh("cat /var/log/fake-nvidia-ctk.log").stdout
+    files = "stat -c '%n %Y' /etc/containerd/config.toml /etc/containerd/conf.d/99-nvidia.toml; sha256sum /etc/containerd/config.toml"
+    before = vm.ssh(files).stdout
+    time.sleep(1.1)
+    again = report(run(vm, script).stdout)
+    assert again["result"] == "unchanged"
+    assert vm.ssh(invocation).stdout.strip() == second_id  # not restarted
+    assert vm.ssh(files).stdout == before  # the tool's rewrite left no trace
+
+
+def test_delete_scripts_keep_everything(vm, node):
+    before = snapshot(vm)
+    for name, step in node["steps"].items():
+        out = run(vm, step["delete"]).stdout
+        assert "nothing on this node was changed" in out, name
+    assert snapshot(vm) == before
+    assert vm.ssh(f"mdadm --detail --test {MD} >/dev/null && findmnt -n {MOUNT} >/dev/null", check=False).returncode == 0
+    assert sha(vm, f"{MOUNT}/model.bin") == node["file"]
+
+
+def test_missing_member_degraded_but_mounted(vm, node):
+    vm.stop()
+    t = time.monotonic()
+    vm.start(attach=[DISKS[0]])
+    # mdadm starts an incomplete array after its last-resort timer (~30 s after udev saw a member).
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        if vm.ssh(f"findmnt -n {MOUNT}", check=False).returncode == 0:
+            break
+        time.sleep(5)
+    TIMINGS["degraded boot until mounted"] = round(time.monotonic() - t, 1)
+    mounted = vm.ssh(f"findmnt -n {MOUNT}", check=False).returncode == 0
+    if not mounted:
+        # The boot-time mount gave up before the array started: the mount step mounts it.
+        run(vm, node["steps"]["50-mount"]["create"])
+    health = report(run(vm, node["steps"]["70-health"]["create"]).stdout)
+    assert health["health"] == "degraded" and health["activeDevices"] == 1 and health["mounted"] is True, health
+    assert sha(vm, f"{MOUNT}/model.bin") == node["file"]
+    node["mounted_at_boot_when_degraded"] = mounted
+    # The disk steps refuse to work without the missing disk, with a clear message.
+    proc = run(vm, node["steps"]["10-preflight"]["create"], check=False)
+    assert proc.returncode != 0 and "not a block device" in proc.stderr
+    assert mounted, "the fstab mount gave up before mdadm started the degraded array (see TIMINGS)"
+
+
+def test_member_back_is_readded(vm, node):
+    vm.stop()
+    vm.start(attach=list(DISKS))
+    reports = run_steps(vm, node["steps"], DISK_STEPS, "readd")
+    assert reports["70-health"]["activeDevices"] == 2 or reports["70-health"]["health"] == "resyncing"
+    assert sha(vm, f"{MOUNT}/model.bin") == node["file"]
+    assert_os_intact(vm, node)

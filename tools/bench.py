@@ -1,0 +1,217 @@
+"""Benchmarks of the program's own cost, written to docs/BENCHMARKS.md (tables and a chart).
+
+    python -m tools.bench                 # full run (make bench)
+    python -m tools.bench --quick --out DIR   # small mode the test suite runs
+
+Every figure is measured in the same run as the figure it is compared with, so ratios hold on
+any machine; absolute seconds depend on the machine and are only context.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tools.render import ROOT
+
+# The floor is a process that only imports the SDK modules a prod render ends up loading
+# (pulumi_kubernetes loads its generated modules lazily, so the list is read off a real render).
+SDK = r"^(pulumi|pulumi_kubernetes|pulumi_command|pydantic|pydantic_core|yaml|grpc|google\.protobuf)(\.|$)"
+LIST_SDK_MODULES = (
+    "import re, sys; from tools import render; render.run_program('prod'); "
+    f"print(' '.join(sorted(m for m in list(sys.modules) if re.match(r'{SDK}', m))))"
+)
+SCALES = [(1, 1), (1, 8), (1, 32), (10, 1), (10, 8), (10, 32), (100, 1), (100, 8), (100, 32)]
+QUICK_SCALES = [(1, 1), (10, 8)]
+
+
+@dataclass(frozen=True)
+class Run:
+    seconds: float
+    peak_mib: float
+
+
+def measure(argv: list[str], cwd: Path = ROOT) -> Run:
+    """Wall time and peak resident memory of one child process."""
+    start = time.perf_counter()
+    process = subprocess.Popen(argv, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(process.pid, 0)
+    seconds = time.perf_counter() - start
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise RuntimeError(f"{' '.join(argv)} failed: {process.stderr.read().decode() if process.stderr else ''}")
+    return Run(seconds, usage.ru_maxrss / 1024)
+
+
+def median_of(argv: list[str], runs: int) -> Run:
+    samples = [measure(argv) for _ in range(runs)]
+    return Run(statistics.median(s.seconds for s in samples), statistics.median(s.peak_mib for s in samples))
+
+
+def render_argv(stack: str, out: Path, stack_file: Path | None = None) -> list[str]:
+    argv = [sys.executable, "-m", "tools.render", stack, "--out", str(out)]
+    return [*argv, "--stack-file", str(stack_file)] if stack_file else argv
+
+
+# ---------------------------------------------------------------------------- generated stacks
+
+
+def generated_stack(models: int, nodes: int) -> dict[str, Any]:
+    """A valid stack of `models` models over `nodes` GPU nodes sharing one NFS volume."""
+    gpus_per_node = max(1, -(-models // nodes))  # enough GPUs for one replica of every model
+    return {"config": {
+        "gpu-serving:cluster": {"namespace": "bench", "kubeconfig": {"path": ".kube/bench.yaml"}, "clusterIssuer": "letsencrypt"},
+        "gpu-serving:nodes": [
+            {"name": f"gpu-{i:02d}", "ssh": {"host": f"gpu-{i:02d}.lan"}, "gpu": {"product": "nvidia-a100", "count": gpus_per_node},
+             "storage": {"disks": [f"/dev/disk/by-id/nvme-a{i}", f"/dev/disk/by-id/nvme-b{i}"], "sizeGb": 1000,
+                         "mountpoint": "/mnt/models"}}
+            for i in range(nodes)
+        ],
+        "gpu-serving:modelStorage": {"type": "nfs", "server": "nas.lan", "path": "/export/models", "sizeGi": 100_000},
+        "gpu-serving:models": [
+            {"name": f"model-{i:03d}", "huggingFaceId": f"org/model-{i:03d}", "gpuProduct": "nvidia-a100", "weightsGb": 16,
+             "replicas": {"min": 1, "max": 1}, "ingress": {"host": "ai.example.org", "path": f"/m{i:03d}"}}
+            for i in range(models)
+        ],
+    }}
+
+
+def scaling(scales: list[tuple[int, int]], runs: int, work: Path) -> list[dict[str, Any]]:
+    rows = []
+    for models, nodes in scales:
+        stack_file = work / f"Pulumi.bench-{models}x{nodes}.yaml"
+        stack_file.write_text(yaml.safe_dump(generated_stack(models, nodes)))
+        out = work / f"out-{models}x{nodes}"
+        run = median_of(render_argv("bench", out, stack_file), runs)
+        resources = len(json.loads((out / "resources.json").read_text()))
+        rows.append({"models": models, "nodes": nodes, "resources": resources, "seconds": run.seconds, "peak_mib": run.peak_mib})
+    return rows
+
+
+# ---------------------------------------------------------------------------- determinism
+
+
+def determinism(work: Path) -> tuple[int, int]:
+    """(resources whose inputs differ between two renders, resources compared)."""
+    renders = []
+    for name in ("first", "second"):
+        measure(render_argv("prod", work / name))
+        renders.append({r["urn"]: r for r in json.loads((work / name / "resources.json").read_text())})
+    first, second = renders
+    differing = sum(1 for urn in first.keys() | second.keys() if first.get(urn) != second.get(urn))
+    return differing, len(first)
+
+
+# ---------------------------------------------------------------------------- report
+
+
+def chart(rows: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(7, 4), dpi=100)
+    for nodes in sorted({r["nodes"] for r in rows}):
+        points = sorted((r["resources"], r["seconds"]) for r in rows if r["nodes"] == nodes)
+        axis.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=f"{nodes} node(s)")
+    axis.set_xscale("log")
+    axis.set_xlabel("resources declared (log scale)")
+    axis.set_ylabel("render wall time, s (median)")
+    axis.set_title("Offline render time against stack size")
+    axis.grid(True, alpha=0.3)
+    axis.legend()
+    figure.tight_layout()
+    figure.savefig(path, metadata={"Software": None})
+    plt.close(figure)
+
+
+def markdown(floor: Run, prod: Run, modules: int, rows: list[dict[str, Any]], differing: int, compared: int, runs: int,
+             chart_name: str, node_steps: str) -> str:
+    base = rows[0]
+    largest = rows[-1]
+    lines = [
+        "# Benchmarks",
+        "",
+        f"Written by `make bench` (`python -m tools.bench`); median of {runs} runs each, measured in one run on "
+        f"{os.cpu_count()} cores with Python {sys.version.split()[0]}. Ratios are what the targets speak of; the seconds "
+        "depend on the machine.",
+        "",
+        "## 1. Evaluation overhead (prod stack)",
+        "",
+        "| process | wall time (s) | peak memory (MiB) |",
+        "|---|---|---|",
+        f"| floor: a process importing the {modules} SDK modules a prod render loads | {floor.seconds:.2f} | {floor.peak_mib:.0f} |",
+        f"| `make render STACK=prod` (program, mocks, files, policy) | {prod.seconds:.2f} | {prod.peak_mib:.0f} |",
+        f"| **ratio** (target ≤ 1.3×) | **{prod.seconds / floor.seconds:.2f}×** | **{prod.peak_mib / floor.peak_mib:.2f}×** |",
+        "",
+        "## 2. Scaling (generated stacks, NFS model storage)",
+        "",
+        "| models × nodes | resources | wall time (s) | peak memory (MiB) | ms per resource above the 1×1 stack |",
+        "|---|---|---|---|---|",
+    ]
+    for row in rows:
+        extra = row["resources"] - base["resources"]
+        per = f"{(row['seconds'] - base['seconds']) * 1000 / extra:.1f}" if extra > 0 else "–"
+        lines.append(f"| {row['models']} × {row['nodes']} | {row['resources']} | {row['seconds']:.2f} | {row['peak_mib']:.0f} | {per} |")
+    lines += [
+        "",
+        f"Largest against smallest: **{largest['seconds'] / base['seconds']:.2f}×** the wall time (target ≤ 4×), "
+        f"{largest['peak_mib'] / base['peak_mib']:.2f}× the memory, for {largest['resources'] / base['resources']:.0f}× the resources.",
+        "",
+        f"![render time against stack size]({chart_name})",
+        "",
+        "## 3. Node steps on the VM",
+        "",
+        node_steps,
+        "",
+        "## 4. Determinism",
+        "",
+        f"Two renders of the prod stack: **{differing}** of {compared} resources have different inputs (target 0). Any "
+        "difference would re-run a node Command or update an object at every `pulumi up`.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+NODE_STEPS_PENDING = "Run `make bench-vm` (boots the test VM); figures in the next section when measured."
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tools.bench", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="2 runs, 2 stack sizes: checks the benchmark itself works")
+    parser.add_argument("--out", type=Path, default=ROOT / "docs", help="folder for BENCHMARKS.md and the chart")
+    parser.add_argument("--node-steps", type=Path, help="markdown with the VM node-step figures to include")
+    args = parser.parse_args(argv)
+    runs = 2 if args.quick else 5
+    scales = QUICK_SCALES if args.quick else SCALES
+    args.out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="gs-bench-") as tmp:
+        work = Path(tmp)
+        modules = subprocess.run([sys.executable, "-c", LIST_SDK_MODULES], cwd=ROOT, check=True, capture_output=True,
+                                 text=True).stdout.split()
+        floor = median_of([sys.executable, "-c", "import " + ", ".join(modules)], runs)
+        prod = median_of(render_argv("prod", work / "prod"), runs)
+        rows = scaling(scales, runs, work)
+        differing, compared = determinism(work)
+    chart_name = "benchmarks-scaling.png"
+    chart(rows, args.out / chart_name)
+    node_steps = args.node_steps.read_text().strip() if args.node_steps else NODE_STEPS_PENDING
+    (args.out / "BENCHMARKS.md").write_text(markdown(floor, prod, len(modules), rows, differing, compared, runs, chart_name, node_steps))
+    print(f"wrote {args.out / 'BENCHMARKS.md'}: render {prod.seconds / floor.seconds:.2f}× the floor, "
+          f"largest stack {rows[-1]['seconds'] / rows[0]['seconds']:.2f}× the smallest, {differing} differing resources")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
