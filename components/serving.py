@@ -47,7 +47,7 @@ DOWNLOAD_MB_PER_S = 20
 MIN_DOWNLOAD_S = 1800
 IMAGE_PULL_S = 1200
 """Allowance for pulling the multi-GB vLLM image on a fresh node, on top of every wait."""
-DOWNLOAD_TTL_S = 7 * 24 * 3600
+JOB_TTL_S = 7 * 24 * 3600
 
 # --- autoscaling ----------------------------------------------------------------------------
 SCALE_DOWN_WINDOW_S = 600
@@ -367,55 +367,73 @@ def deployment_spec(model: Model, cluster: ClusterConfig, claim_name: pulumi.Inp
 # ---------------------------------------------------------------------------- download Job
 
 
-def job_spec(model: Model, cluster: ClusterConfig, claim_name: pulumi.Input[str], storage_is_local: bool) -> k8s.batch.v1.JobSpecArgs:
+def run_once_job(
+    model: Model, component: str, *, backoff: int, deadline_s: int, container: k8s.core.v1.ContainerArgs, **pod: Any
+) -> k8s.batch.v1.JobSpecArgs:
+    """A Job that runs one container to completion, with the pod hardening every Job here shares.
+    Finished Jobs keep their logs a week; once one is gone, `pulumi refresh` + `up` re-creates it."""
     return k8s.batch.v1.JobSpecArgs(
-        backoff_limit=3,
-        active_deadline_seconds=download_deadline_seconds(model.weights_gb),
-        # Keeps the logs a week. Once it is gone, `pulumi refresh` + `up` re-creates it and the
-        # marker file makes that re-run a no-op.
-        ttl_seconds_after_finished=DOWNLOAD_TTL_S,
+        backoff_limit=backoff,
+        active_deadline_seconds=deadline_s,
+        ttl_seconds_after_finished=JOB_TTL_S,
         template=k8s.core.v1.PodTemplateSpecArgs(
-            metadata=k8s.meta.v1.ObjectMetaArgs(labels=labels(model, "model-download")),
+            metadata=k8s.meta.v1.ObjectMetaArgs(labels=labels(model, component)),
             spec=k8s.core.v1.PodSpecArgs(
                 restart_policy="Never",
-                containers=[
-                    k8s.core.v1.ContainerArgs(
-                        name="download",
-                        image=model.image,  # ships huggingface_hub, and warms the image cache on the node
-                        image_pull_policy="IfNotPresent",
-                        command=["python3", "-c", DOWNLOAD_SCRIPT],
-                        env=[
-                            *token_env(model),
-                            k8s.core.v1.EnvVarArgs(name="HF_HUB_CACHE", value=DOWNLOAD_DIR),
-                            # Token and xet chunk caches on the volume, not on the node's small root disk.
-                            k8s.core.v1.EnvVarArgs(name="HF_HOME", value=f"{STATE_DIR}/hf-home"),
-                            k8s.core.v1.EnvVarArgs(name="GS_REPO", value=model.hugging_face_id),
-                            k8s.core.v1.EnvVarArgs(name="GS_REVISION", value=model.revision),
-                            k8s.core.v1.EnvVarArgs(name="GS_MARKER", value=marker_path(model)),
-                        ],
-                        resources=k8s.core.v1.ResourceRequirementsArgs(requests={"cpu": "500m", "memory": "1Gi"}, limits={"memory": "4Gi"}),
-                        volume_mounts=[MODEL_MOUNT_ARGS, k8s.core.v1.VolumeMountArgs(name="tmp", mount_path="/tmp")],
-                        # The downloader writes only to the volume (HF_HOME and the cache are there).
-                        security_context=k8s.core.v1.SecurityContextArgs(
-                            allow_privilege_escalation=False,
-                            privileged=False,
-                            read_only_root_filesystem=True,
-                            capabilities=k8s.core.v1.CapabilitiesArgs(drop=["ALL"]),
-                        ),
-                    )
-                ],
-                volumes=[
-                    model_volume(claim_name),
-                    k8s.core.v1.VolumeArgs(name="tmp", empty_dir=k8s.core.v1.EmptyDirVolumeSourceArgs(size_limit="1Gi")),
-                ],
-                # No GPU. Node-local storage: the PV's node affinity already picks the storage
-                # node, which is a GPU node, so only its taint needs tolerating.
-                tolerations=[gpu_toleration(cluster)] if storage_is_local else None,
+                containers=[container],
                 enable_service_links=False,
                 automount_service_account_token=False,
                 security_context=pod_security_context(),
+                **pod,
             ),
         ),
+    )
+
+
+def read_only_security_context(**extra: Any) -> k8s.core.v1.SecurityContextArgs:
+    return k8s.core.v1.SecurityContextArgs(
+        allow_privilege_escalation=False,
+        privileged=False,
+        read_only_root_filesystem=True,
+        capabilities=k8s.core.v1.CapabilitiesArgs(drop=["ALL"]),
+        **extra,
+    )
+
+
+def job_spec(model: Model, cluster: ClusterConfig, claim_name: pulumi.Input[str], storage_is_local: bool) -> k8s.batch.v1.JobSpecArgs:
+    """The download Job. The marker file makes a re-run of a finished download a no-op."""
+    download = k8s.core.v1.ContainerArgs(
+        name="download",
+        image=model.image,  # ships huggingface_hub, and warms the image cache on the node
+        image_pull_policy="IfNotPresent",
+        command=["python3", "-c", DOWNLOAD_SCRIPT],
+        env=[
+            *token_env(model),
+            k8s.core.v1.EnvVarArgs(name="HF_HUB_CACHE", value=DOWNLOAD_DIR),
+            # Token and xet chunk caches on the volume, not on the node's small root disk.
+            k8s.core.v1.EnvVarArgs(name="HF_HOME", value=f"{STATE_DIR}/hf-home"),
+            k8s.core.v1.EnvVarArgs(name="GS_REPO", value=model.hugging_face_id),
+            k8s.core.v1.EnvVarArgs(name="GS_REVISION", value=model.revision),
+            k8s.core.v1.EnvVarArgs(name="GS_MARKER", value=marker_path(model)),
+        ],
+        resources=k8s.core.v1.ResourceRequirementsArgs(requests={"cpu": "500m", "memory": "1Gi"}, limits={"memory": "4Gi"}),
+        volume_mounts=[MODEL_MOUNT_ARGS, k8s.core.v1.VolumeMountArgs(name="tmp", mount_path="/tmp")],
+        # The downloader writes only to the volume (HF_HOME and the cache are there).
+        security_context=read_only_security_context(),
+    )
+    return run_once_job(
+        model,
+        "model-download",
+        backoff=3,
+        deadline_s=download_deadline_seconds(model.weights_gb),
+        container=download,
+        volumes=[
+            model_volume(claim_name),
+            k8s.core.v1.VolumeArgs(name="tmp", empty_dir=k8s.core.v1.EmptyDirVolumeSourceArgs(size_limit="1Gi")),
+        ],
+        # No GPU. Node-local storage: the PV's node affinity already picks the storage
+        # node, which is a GPU node, so only its taint needs tolerating.
+        tolerations=[gpu_toleration(cluster)] if storage_is_local else None,
     )
 
 
@@ -427,40 +445,16 @@ def smoke_job_spec(model: Model, namespace: str, api_key: bool) -> k8s.batch.v1.
     ]
     if api_key:
         env.append(_secret_env("VLLM_API_KEY", secret_name(model), "api-key"))
-    return k8s.batch.v1.JobSpecArgs(
-        backoff_limit=2,
-        active_deadline_seconds=SMOKE_DEADLINE_S,
-        ttl_seconds_after_finished=DOWNLOAD_TTL_S,
-        template=k8s.core.v1.PodTemplateSpecArgs(
-            metadata=k8s.meta.v1.ObjectMetaArgs(labels=labels(model, "smoke-test")),
-            spec=k8s.core.v1.PodSpecArgs(
-                restart_policy="Never",
-                containers=[
-                    k8s.core.v1.ContainerArgs(
-                        name="smoke-test",
-                        image=SMOKE_IMAGE,
-                        image_pull_policy="IfNotPresent",
-                        command=["/bin/sh", "-c", SMOKE_SCRIPT],
-                        env=env,
-                        resources=k8s.core.v1.ResourceRequirementsArgs(
-                            requests={"cpu": "10m", "memory": "16Mi"}, limits={"cpu": "200m", "memory": "64Mi"}
-                        ),
-                        security_context=k8s.core.v1.SecurityContextArgs(
-                            allow_privilege_escalation=False,
-                            privileged=False,
-                            read_only_root_filesystem=True,
-                            run_as_non_root=True,
-                            run_as_user=100,
-                            capabilities=k8s.core.v1.CapabilitiesArgs(drop=["ALL"]),
-                        ),
-                    )
-                ],
-                enable_service_links=False,
-                automount_service_account_token=False,
-                security_context=pod_security_context(),
-            ),
-        ),
+    smoke = k8s.core.v1.ContainerArgs(
+        name="smoke-test",
+        image=SMOKE_IMAGE,
+        image_pull_policy="IfNotPresent",
+        command=["/bin/sh", "-c", SMOKE_SCRIPT],
+        env=env,
+        resources=k8s.core.v1.ResourceRequirementsArgs(requests={"cpu": "10m", "memory": "16Mi"}, limits={"cpu": "200m", "memory": "64Mi"}),
+        security_context=read_only_security_context(run_as_non_root=True, run_as_user=100),
     )
+    return run_once_job(model, "smoke-test", backoff=2, deadline_s=SMOKE_DEADLINE_S, container=smoke)
 
 
 # ---------------------------------------------------------------------------- network
