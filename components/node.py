@@ -15,10 +15,14 @@ Steps, chained with depends_on (runtime is independent of the disks):
     20-partition  GPT partition `gs-<raidName>` after the last partition of each disk
     30-raid       mdadm RAID1 /dev/md/<raidName>, mdadm.conf, initramfs
     40-filesystem mkfs.xfs only on an empty array
-    50-mount      fstab by filesystem UUID, mounted
+    50-mount      fstab by filesystem UUID, mounted; a boot unit starts the array degraded if a disk is missing
     60-grow       grows partition, array and XFS to the configured size
     70-health     read-only: array state, UUIDs, usable bytes -> the node's outputs
     80-runtime    NVIDIA container runtime for containerd / k3s / rke2
+
+Health is measured when the health step runs (first `up`, or when its inputs change); to measure
+again: `pulumi up --replace '<urn of <node>:70-health>'`. Shrinking cannot be refused at config
+load (the program cannot see the node): preflight and grow refuse it with a message.
 """
 
 from __future__ import annotations

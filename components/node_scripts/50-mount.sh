@@ -60,6 +60,87 @@ else
   say "/etc/fstab line present, unchanged"
 fi
 
+# Boot with a member missing: initramfs-tools assembles the array but starts it only when complete,
+# and Debian's mdadm-last-resort timer never fires for an array the initramfs assembled, so it stays
+# inactive and the nofail mount gives up. A small unit (before kubelet) starts it degraded after a
+# short wait for the missing disk and mounts it; it does nothing when the array is running.
+# install_file PATH MODE TEXT: write only when the content differs.
+install_file() {
+  local current=""
+  [[ ! -e $1 ]] || current=$(<"$1")
+  [[ $current != "${3%$'\n'}" ]] && {
+    say "writing $1"
+    printf '%s' "$3" >"$1.gpu-serving"
+    chmod "$2" "$1.gpu-serving"
+    mv -f "$1.gpu-serving" "$1"
+    changed=1
+    units=1
+  }
+  return 0
+}
+units=0
+helper=/usr/local/sbin/gpu-serving-start-array
+unit=gpu-serving-array-$GS_RAID_NAME.service
+unit_arg() {
+  local a=${1//\\/\\\\}
+  a=${a//\"/\\\"}
+  a=${a//%/%%}
+  printf -v "$2" '"%s"' "${a//\$/\$\$}"
+}
+q_name="" q_mp=""
+unit_arg "$GS_RAID_NAME" q_name
+unit_arg "$GS_MOUNTPOINT" q_mp
+if [[ -d /run/systemd/system ]]; then
+  mkdir -p /usr/local/sbin
+  # shellcheck disable=SC2016  # the helper's own variables, expanded when it runs
+  install_file "$helper" 755 '#!/bin/bash
+# Installed by gpu-serving (node step 50-mount). At boot: when the model RAID NAME was left
+# inactive because a member is missing, wait briefly for the disk, start the array degraded
+# and mount MOUNTPOINT. Does nothing when the array already runs.
+set -u
+name=$1 mountpoint=$2
+for _ in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15; do
+  [ -e "/dev/md/$name" ] && break
+  udevadm settle --timeout=5
+  sleep 1
+done
+if [ ! -e "/dev/md/$name" ]; then
+  for state in /sys/block/md*/md/array_state; do
+    [ -r "$state" ] && [ "$(cat "$state")" = inactive ] || continue
+    md=${state%/md/array_state}
+    md=/dev/${md##*/}
+    mdadm --detail --export "$md" 2>/dev/null | grep -q "^MD_NAME=\(.*:\)\?$name\$" || continue
+    echo "starting $md ($name) degraded: a member is missing"
+    mdadm --run "$md"
+  done
+  udevadm settle --timeout=10
+fi
+if [ -e "/dev/md/$name" ] && ! findmnt -rn --mountpoint "$mountpoint" >/dev/null; then
+  # systemd may mount it from fstab at the same moment: either way it ends up mounted.
+  mount "$mountpoint" 2>/dev/null || findmnt -rn --mountpoint "$mountpoint" >/dev/null || mount "$mountpoint"
+fi
+exit 0
+'
+  install_file "/etc/systemd/system/$unit" 644 "[Unit]
+Description=gpu-serving: start RAID $GS_RAID_NAME (degraded if a disk is missing) and mount it
+After=local-fs.target systemd-udev-settle.service
+Before=kubelet.service
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart=$helper $q_name $q_mp
+
+[Install]
+WantedBy=multi-user.target
+"
+  if ((units)) || ! systemctl -q is-enabled "$unit" 2>/dev/null; then
+    systemctl daemon-reload
+    systemctl -q enable "$unit"
+    changed=1
+  fi
+fi
+
 # Mounted elsewhere (the mountpoint changed in config)? Move it.
 while read -r target; do
   [[ -n $target && $target != "$GS_MOUNTPOINT" ]] || continue

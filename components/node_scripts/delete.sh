@@ -22,7 +22,8 @@ case $GS_STEP in
   filesystem) kept "the XFS filesystem on /dev/md/${GS_RAID_NAME:?} and every file on it." ;;
   mount)
     kept "the mount of /dev/md/${GS_RAID_NAME:?} at ${GS_MOUNTPOINT:?} and its /etc/fstab line (device timeout ${GS_DEVICE_TIMEOUT:?}s)." \
-      "To remove by hand: umount $GS_MOUNTPOINT, delete the line, chattr -i $GS_MOUNTPOINT."
+      "Also kept: the boot unit gpu-serving-array-$GS_RAID_NAME.service (starts the array degraded if a disk is missing)." \
+      "To remove by hand: umount $GS_MOUNTPOINT, delete the line, chattr -i $GS_MOUNTPOINT, systemctl disable gpu-serving-array-$GS_RAID_NAME.service."
     ;;
   grow) kept "the grown partitions, array and filesystem of /dev/md/${GS_RAID_NAME:?} (${GS_PART_NAME:?} on ${GS_DISKS[*]:?}, $GS_PART_BYTES bytes each); nothing shrinks." ;;
   runtime)
