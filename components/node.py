@@ -7,7 +7,7 @@ the step's parameters as `shlex.quote`d assignments, then the shared helpers (`l
 step's body. Nothing is spliced into the body, and the same config renders byte-identical text.
 
 A Command re-runs when its inputs change, so each step's script carries only the parameters it
-needs (see `STEP_PARAMS`): changing the mountpoint re-runs mount and health, never the disk
+needs (see `STEP_PARAMS`): changing the mountpoint re-runs (read-only) preflight, mount and health, never the disk
 steps; raising the size re-runs preflight, partition (which keeps the partition) and grow.
 
 Steps, chained with depends_on (runtime is independent of the disks):
@@ -50,7 +50,7 @@ RUNTIME_STEP = "80-runtime"
 
 # What each step's script receives: only these parameters can make it run again.
 STEP_PARAMS: dict[str, tuple[str, ...]] = {
-    "10-preflight": ("GS_DISKS", "GS_RAID_NAME", "GS_PART_NAME", "GS_PART_BYTES"),
+    "10-preflight": ("GS_DISKS", "GS_RAID_NAME", "GS_PART_NAME", "GS_PART_BYTES", "GS_MOUNTPOINT"),
     "20-partition": ("GS_DISKS", "GS_PART_NAME", "GS_PART_BYTES"),
     "30-raid": ("GS_DISKS", "GS_RAID_NAME", "GS_PART_NAME"),
     "40-filesystem": ("GS_RAID_NAME",),

@@ -94,34 +94,52 @@ class Kubeconfig(_Model):
 
 class GpuTaint(_Model):
     key: str = Field("nvidia.com/gpu", pattern=r"^([a-z0-9.-]+/)?[A-Za-z0-9._-]+$")
+    """Taint key."""
     value: LabelValue = "true"
+    """Taint value."""
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] = "NoSchedule"
+    """Taint effect."""
 
 
 class DevicePlugin(_Model):
     enabled: bool = False
+    """Deploy the device plugin from this stack."""
     image: str = "nvcr.io/nvidia/k8s-device-plugin:v0.17.0"
+    """Pinned device plugin image."""
     namespace: K8sName = "kube-system"
+    """Namespace of the DaemonSet."""
 
 
 class PrometheusAdapter(_Model):
     """Where the prometheus-adapter rule that turns the vLLM queue gauge into a Pods metric goes."""
 
     namespace: K8sName = "monitoring"
+    """Namespace of prometheus-adapter."""
     config_map_name: K8sName = "gpu-serving-adapter-rules"
+    """ConfigMap with the rule (`config.yaml`); point the adapter at it."""
 
 
 class Cluster(_Model):
     namespace: K8sName = "ai"
+    """Namespace of every model object (Secret, Jobs, Deployment, Service, Ingress, autoscaler, claim)."""
     create_namespace: bool = True
+    """Create the namespace (kept when the stack is deleted); false if it is managed elsewhere."""
     kubeconfig: Kubeconfig
+    """Which cluster the explicit Kubernetes provider talks to."""
     ingress_class: K8sName = "nginx"
+    """`ingressClassName` of every model Ingress; the nginx annotations assume ingress-nginx."""
     cluster_issuer: K8sName | None = None
+    """cert-manager ClusterIssuer annotated on Ingresses that have a `tlsSecret`."""
     autoscaling: Literal["hpa", "keda", "none"] = "hpa"
+    """Autoscaler for models with `replicas.min < replicas.max`: HPA on the queue metric (needs prometheus-adapter), KEDA, or none."""
     gpu_taint: GpuTaint = GpuTaint()
+    """Taint put on every GPU node and tolerated by GPU pods."""
     gpu_product_label: str = Field("nvidia.com/gpu.product", pattern=r"^([a-z0-9.-]+/)?[A-Za-z0-9._-]+$")
+    """Node label that carries `nodes[].gpu.product`; models select nodes by it."""
     device_plugin: DevicePlugin = DevicePlugin()
+    """NVIDIA device plugin DaemonSet (off: the cluster already has one, e.g. from the GPU Operator)."""
     prometheus_adapter: PrometheusAdapter = PrometheusAdapter()
+    """Where the adapter rule for the HPAs' queue metric is written."""
     runtime_class_name: K8sName | None = None
     """RuntimeClass of GPU pods (e.g. `nvidia`) when the NVIDIA runtime is not the node's default."""
     prometheus_url: str = Field("http://prometheus-operated.monitoring.svc:9090", pattern=r"^https?://[A-Za-z0-9.:_\[\]-]+(/[A-Za-z0-9._~/-]*)?$")
@@ -133,8 +151,11 @@ class Cluster(_Model):
 
 class Ssh(_Model):
     host: str = Field(min_length=1, max_length=253, pattern=r"^[A-Za-z0-9.:_-]+$")
+    """Address or name the machine running `pulumi` reaches the node's sshd at."""
     port: int = Field(22, ge=1, le=65535)
+    """sshd port."""
     user: str = Field("root", pattern=r"^[a-z_][a-z0-9_-]{0,31}$")
+    """Login user; the steps need root (bash as login shell)."""
     private_key_secret: SecretKeyName = "sshPrivateKey"
     """Secret config key holding the SSH private key (PEM/OpenSSH text)."""
     host_key_secret: SecretKeyName | None = None
@@ -156,7 +177,9 @@ class NodeStorage(_Model):
     raid_name: str = Field("models", pattern=RAID_NAME)
     """Array name: the array is `/dev/md/<raidName>`, the GPT partitions are named `gs-<raidName>`."""
     mountpoint: SafePath = "/mnt/models"
+    """Where the array is mounted on the node; the node-local PV points here."""
     filesystem: Literal["xfs"] = "xfs"
+    """Filesystem made on the array (XFS: grows online)."""
     device_timeout_seconds: int = Field(30, ge=1, le=3600)
     """How long systemd waits for the array at boot before giving up on the (nofail) mount."""
 
@@ -196,10 +219,13 @@ class Node(_Model):
     name: NodeName
     """The Kubernetes node name (what `kubectl get nodes` shows)."""
     ssh: Ssh
+    """How `pulumi up` reaches the node."""
     gpu: Gpu
+    """The node's GPUs, as labels and for the capacity checks."""
     storage: NodeStorage | None = None
     """Model disk preparation; unset or `disks: []` means this node does no disk work."""
     container_runtime: Literal["containerd", "k3s", "rke2", "none"] = "containerd"
+    """Runtime to configure for NVIDIA (`none`: leave it alone). k3s and rke2 need `cluster.runtimeClassName`."""
 
     @property
     def prepares_disks(self) -> bool:
@@ -245,7 +271,9 @@ class NfsStorage(_StorageBase):
 
     type: Literal["nfs"]
     server: str = Field(min_length=1, pattern=r"^[A-Za-z0-9.:_-]+$")
+    """NFS server name or address."""
     path: SafePath
+    """Exported path; must not squash root (the download Job writes as root)."""
     size_gi: int = Field(ge=1)
     """Capacity of the export in GiB (the program cannot measure a remote server)."""
 
@@ -255,7 +283,9 @@ class ClassStorage(_StorageBase):
 
     type: Literal["storageClass"]
     storage_class: K8sName
+    """An existing storage class that provisions ReadWriteMany volumes."""
     size_gi: int = Field(ge=1)
+    """Size of the claim in GiB."""
 
 
 ModelStorage = Annotated[LocalStorage | NfsStorage | ClassStorage, Field(discriminator="type")]
@@ -266,14 +296,18 @@ ModelStorage = Annotated[LocalStorage | NfsStorage | ClassStorage, Field(discrim
 
 class Ingress(_Model):
     host: str = Field(pattern=r"^(\*\.)?[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)+$")
+    """Host name of the Ingress rule."""
     path: str = Field("/", pattern=r"^/[A-Za-z0-9._~/-]*$")
+    """Path prefix; a sub-path is stripped before it reaches vLLM."""
     tls_secret: K8sName | None = None
     """Secret for the certificate; cert-manager fills it when the cluster has an issuer."""
 
 
 class Replicas(_Model):
     min: int = Field(1, ge=0, le=100)
+    """Fewest pods (at least 1: the queue metric comes from the pods)."""
     max: int = Field(1, ge=1, le=100)
+    """Most pods; max × gpusPerReplica counts against the nodes' GPUs."""
     target_requests_waiting: int = Field(3, ge=1, le=10_000)
     """Autoscaling target: average `vllm:num_requests_waiting` per pod."""
 
@@ -335,22 +369,35 @@ class Model(_Model):
     name: K8sName
     """Kubernetes name of the model's objects and vLLM's `--served-model-name`."""
     hugging_face_id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+    """Hugging Face repository, `org/name`."""
     revision: str = Field("main", pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,99}$")
+    """Branch, tag or commit of the repository; pin a commit for reproducible serving."""
     image: ImageRef = "vllm/vllm-openai:v0.11.0"
+    """vLLM image with a pinned tag or digest (`latest` is refused)."""
     gpu_product: LabelValue
+    """`nodes[].gpu.product` of the nodes this model runs on."""
     gpus_per_replica: int = Field(1, ge=1, le=64)
+    """GPUs per pod, all on one node; also `--tensor-parallel-size`."""
     max_model_len: int = Field(8192, ge=128, le=10_000_000)
+    """`--max-model-len`: context length, bounds the KV cache."""
     gpu_memory_utilization: float = Field(0.90, gt=0.0, le=1.0)
+    """`--gpu-memory-utilization`: share of GPU memory vLLM may take."""
     weights_gb: float = Field(gt=0, le=100_000)
     """Approximate size of the weights on disk; sizes the startup probe and the storage check."""
     replicas: Replicas = Replicas()
+    """Replica range; an autoscaler is created when min < max."""
     ingress: Ingress | None = None
+    """Expose the model outside the cluster through an Ingress."""
     extra_args: list[Annotated[str, StringConstraints(min_length=1, max_length=4096)]] = []
+    """More `vllm serve` flags; flags the bundle owns (model, port, download dir, parallelism…) are refused."""
     env: dict[Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")], str] = {}
+    """More environment variables, literal values only; secret-looking names are refused."""
     api_key_secret: SecretKeyName | None = None
     """Secret config key holding the vLLM API key; unset serves without one."""
     cpu: str = Field("4", pattern=r"^[0-9]+(\.[0-9]+|m)?$")
+    """CPU request of each pod (no CPU limit: throttling hurts inference)."""
     memory: str = Field("16Gi", pattern=r"^[0-9]+(Ki|Mi|Gi|Ti)$")
+    """Memory request; the limit adds the /dev/shm size."""
     smoke_test: bool = True
     """After each rollout, a Job asks the model for one token; `pulumi up` fails when inference does not answer."""
 
@@ -396,9 +443,13 @@ SECRET_LIKE = re.compile(r"TOKEN|SECRET|PASSW|API_?KEY|PRIVATE|CREDENTIAL", re.I
 
 class StackConfig(_Model):
     cluster: Cluster
+    """Cluster-wide choices."""
     nodes: list[Node] = Field(min_length=1)
+    """The GPU nodes this stack prepares and labels."""
     model_storage: ModelStorage
+    """Where model files live; see the three `type`s below."""
     models: list[Model] = []
+    """Models to serve, one vLLM service bundle each."""
     hf_token_secret: SecretKeyName = "hfToken"
     """Secret config key holding the Hugging Face token."""
 

@@ -215,3 +215,10 @@ def test_readme_config_reference_is_current() -> None:
     from tools.config_doc import reference
 
     assert reference() in (ROOT / "README.md").read_text(), "run: venv/bin/python -m tools.config_doc --write"
+
+
+def test_every_config_key_is_documented() -> None:
+    from tools.config_doc import reference
+
+    undocumented = [row.split("|")[1].strip() for row in reference().splitlines()[2:] if row.split("|")[4].strip() == ""]
+    assert undocumented == []

@@ -98,6 +98,14 @@ def test_quoting_does_not_depend_on_config_validation(tmp_path):
     script = tmp_path / "x.sh"
     script.write_text(text)
     assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    # Executing the assignments gives back exactly the values, and runs nothing they contain.
+    header = text.split("# ---- lib.sh\n", 1)[0]
+    probe = tmp_path / "probe.sh"
+    probe.write_text(header + 'printf "%s\\n" "${GS_DISKS[@]}" "$GS_RAID_NAME"\n')
+    result = subprocess.run(["bash", str(probe)], capture_output=True, text=True, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [*nasty, "m'; reboot #"]
+    assert not Path("/tmp/pwned").exists()
     # bash reads the values back unchanged.
     probe = gpunode.assignments(params) + 'printf "%s\\n" "${GS_DISKS[@]}" "$GS_RAID_NAME"\n'
     out = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, check=True).stdout
@@ -139,9 +147,10 @@ def test_each_step_sees_only_its_parameters(prod):
     assert "GS_PART_BYTES" not in scripts["30-raid"].split("# ---- lib.sh")[0]
 
 
-def test_mountpoint_change_reruns_only_mount_and_health(render):
+def test_mountpoint_change_reruns_only_preflight_mount_and_health(render):
     before = scripts_with(render)
-    assert changed(before, scripts_with(render, mountpoint="/mnt/models2")) == {"50-mount", "70-health"}
+    # Preflight is read-only: it checks the new mountpoint is free before anything is written.
+    assert changed(before, scripts_with(render, mountpoint="/mnt/models2")) == {"10-preflight", "50-mount", "70-health"}
 
 
 def test_size_change_reruns_preflight_partition_and_grow_only(render):

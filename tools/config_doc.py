@@ -33,6 +33,8 @@ def _type_name(annotation: Any) -> str:
         return _type_name(get_args(annotation)[0])
     if origin is Literal:
         return " \\| ".join(f"`{a}`" for a in get_args(annotation))
+    if origin in (typing.Union, types.UnionType) and all(_models_in(a) for a in get_args(annotation)):
+        return "object, by `type`"
     if origin in (typing.Union, types.UnionType):
         return " \\| ".join(_type_name(a) for a in get_args(annotation) if a is not type(None)) + (
             " or unset" if type(None) in get_args(annotation) else "")

@@ -3,9 +3,10 @@ set -euo pipefail
 # Step 10, preflight (read-only): can this node take the model RAID? It changes nothing.
 # Checks: tools present, both members are distinct whole disks, each has our partition
 # (named GS_PART_NAME) or a free region after its last partition big enough for it, nothing
-# foreign in our partitions, the array name is free or already ours, and a size change in
-# config only grows. Prints one JSON line; fails with a message that says what to do.
-: "${GS_DISKS:?}" "${GS_RAID_NAME:?}" "${GS_PART_NAME:?}" "${GS_PART_BYTES:?}"
+# foreign in our partitions, the array name is free or already ours, the mountpoint is free or
+# already ours, and a size change in config only grows. Prints one JSON line; fails with a
+# message that says what to do. Every refusal here comes before any step writes anything.
+: "${GS_DISKS:?}" "${GS_RAID_NAME:?}" "${GS_PART_NAME:?}" "${GS_PART_BYTES:?}" "${GS_MOUNTPOINT:?}"
 
 need_root
 need_tools parted mdadm mkfs.xfs xfs_growfs xfs_info blkid wipefs partx partprobe udevadm findmnt
@@ -82,6 +83,20 @@ if [[ -r $MDADM_CONF ]]; then
     [[ $word == ARRAY && ($dev == "/dev/md/$GS_RAID_NAME" || " $rest " == *" name="*":$GS_RAID_NAME "* || " $rest " == *" name=$GS_RAID_NAME "*) ]] || continue
     [[ -n $ours && " $rest " == *"UUID=$ours"* ]] || die "$MDADM_CONF has an ARRAY line for $GS_RAID_NAME that is not our array ($dev $rest); remove the stale line or choose another storage.raidName"
   done <"$MDADM_CONF"
+fi
+
+# The mountpoint: nothing but our array may be mounted there, or be set to mount there at boot.
+md_dev=""
+[[ $array != ours ]] || md_dev=$(readlink -f "/dev/md/$GS_RAID_NAME")
+current=$(findmnt -n -o SOURCE --mountpoint "$GS_MOUNTPOINT" 2>/dev/null || true)
+if [[ -n $current && $(readlink -f -- "$current") != "$md_dev" ]]; then
+  die "$current is mounted at $GS_MOUNTPOINT, not our array; unmount it or choose another storage.mountpoint"
+fi
+if [[ $array != ours && -r /etc/fstab ]]; then
+  while read -r source target _; do
+    [[ $source != \#* && $target == "$GS_MOUNTPOINT" ]] || continue
+    die "/etc/fstab already mounts $source at $GS_MOUNTPOINT; remove that line or choose another storage.mountpoint"
+  done </etc/fstab
 fi
 
 IFS=,

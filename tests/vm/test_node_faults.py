@@ -1,0 +1,127 @@
+"""Node faults on a real kernel: each stops before any write, says what to do, and leaves the disks
+byte-identical (first and last MiB of each disk image, the partition tables, the OS partitions).
+
+Steps run as `pulumi up` runs them: the rendered scripts in order over SSH, stopping at the first
+that fails. Skipped unless GS_VM_TESTS=1 (tests/vm/conftest.py).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from harness import Vm, make_os_like_layout, partition_sha256s
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from tools.render import run_program  # noqa: E402
+
+DISKS = ("gs-disk-a", "gs-disk-b")
+MOUNT = "/mnt/models"
+ORDER = ["10-preflight", "20-partition", "30-raid", "40-filesystem", "50-mount", "60-grow", "70-health"]
+
+
+def steps_for(disks: list[str], size_gb: int = 2) -> list[tuple[str, str]]:
+    import yaml
+
+    nodes = yaml.safe_load((ROOT / "Pulumi.prod.yaml").read_text())["config"]["gpu-serving:nodes"]
+    nodes[0]["storage"] = {"disks": disks, "sizeGb": size_gb, "raidName": "models", "mountpoint": MOUNT}
+    render = run_program("prod", overrides={"gpu-serving:nodes": json.dumps(nodes), "gpu-serving:models": "[]"})
+    scripts = {c.name.split(":", 1)[1]: c.inputs["create"] for c in render.of_type("command:remote:Command")}
+    return [(name, scripts[name]) for name in ORDER]
+
+
+def pulumi_up(vm: Vm, steps: list[tuple[str, str]]) -> tuple[str, subprocess.CompletedProcess[str]]:
+    """Run the steps in order; return the first that fails and its result."""
+    for name, script in steps:
+        result = vm.ssh(script, check=False, timeout=900)
+        if result.returncode != 0:
+            return name, result
+    raise AssertionError("every step succeeded, but this fault must be refused")
+
+
+def disk_state(vm: Vm, layout: dict[str, str]) -> dict[str, Any]:
+    tables = vm.ssh(" ".join(f"sfdisk --dump {Vm.by_id(d)} | sha256sum;" for d in DISKS)).stdout
+    return {
+        "images": {d: vm.checksum_disk(d) for d in DISKS},
+        "tables": tables,
+        "os": partition_sha256s(vm, layout),
+        "md": vm.ssh("cat /proc/mdstat; ls /dev/md 2>/dev/null || true").stdout,
+    }
+
+
+@pytest.fixture(scope="module")
+def layout(vm: Vm) -> dict[str, str]:
+    return make_os_like_layout(vm, DISKS)
+
+
+def assert_refused(vm: Vm, layout: dict[str, str], steps: list[tuple[str, str]], words: str) -> str:
+    before = disk_state(vm, layout)
+    step, result = pulumi_up(vm, steps)
+    assert step == "10-preflight", (step, result.stderr)
+    assert words in result.stderr, result.stderr
+    assert result.stderr.strip().startswith("ERROR: ")
+    assert disk_state(vm, layout) == before
+    return result.stderr
+
+
+def test_a_disk_path_that_does_not_exist(vm: Vm, layout: dict[str, str]) -> None:
+    message = assert_refused(vm, layout, steps_for([Vm.by_id(DISKS[0]), "/dev/disk/by-id/virtio-gs-missing"]),
+                             "/dev/disk/by-id/virtio-gs-missing is not a block device on this node")
+    assert "ls -l /dev/disk/by-id" in message
+
+
+def test_a_disk_smaller_than_the_partition(vm: Vm, layout: dict[str, str]) -> None:
+    message = assert_refused(vm, layout, steps_for([Vm.by_id(d) for d in DISKS], size_gb=5), "bytes free after its last partition")
+    assert "lower storage.sizeGb" in message
+
+
+def test_the_raid_name_used_by_a_different_array(vm: Vm, layout: dict[str, str]) -> None:
+    vm.run_script(
+        "set -e; for i in 0 1; do truncate -s 64M /root/other$i.img; done\n"
+        "a=$(losetup -f --show /root/other0.img); b=$(losetup -f --show /root/other1.img)\n"
+        "mdadm --create /dev/md/models --run --level=1 --raid-devices=2 --metadata=1.2 --homehost=any --name=models $a $b\n"
+        "udevadm settle; test -e /dev/md/models"
+    )
+    try:
+        message = assert_refused(vm, layout, steps_for([Vm.by_id(d) for d in DISKS]),
+                                 "/dev/md/models already exists and is not built from our gs-models partitions")
+        assert "choose another storage.raidName" in message
+    finally:
+        vm.run_script("mdadm --stop /dev/md/models; losetup -D; rm -f /root/other*.img", check=False)
+
+
+def test_the_mountpoint_used_by_another_filesystem(vm: Vm, layout: dict[str, str]) -> None:
+    vm.ssh(f"mkdir -p {MOUNT} && mount -t tmpfs -o size=1M other {MOUNT}")
+    try:
+        message = assert_refused(vm, layout, steps_for([Vm.by_id(d) for d in DISKS]), f"other is mounted at {MOUNT}, not our array")
+        assert "choose another storage.mountpoint" in message
+    finally:
+        vm.ssh(f"umount {MOUNT}", check=False)
+
+
+def test_a_wrong_ssh_key_runs_nothing(vm: Vm, layout: dict[str, str], tmp_path: Path) -> None:
+    wrong = tmp_path / "wrong_ed25519"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(wrong)], check=True)
+    before = disk_state(vm, layout)
+    _, script = steps_for([Vm.by_id(d) for d in DISKS])[1]  # the partition step: it would write
+    result = vm.ssh(script, key_path=wrong, check=False, timeout=60)
+    assert result.returncode == 255
+    assert "Permission denied" in result.stderr
+    assert disk_state(vm, layout) == before
+
+
+def test_after_the_faults_the_same_disks_still_prepare_cleanly(vm: Vm, layout: dict[str, str]) -> None:
+    """The refusals left nothing behind that would stop a correct config."""
+    steps = steps_for([Vm.by_id(d) for d in DISKS])
+    for name, script in steps:
+        result = vm.ssh(script, check=False, timeout=900)
+        assert result.returncode == 0, (name, result.stderr)
+    assert vm.ssh(f"findmnt -n -o FSTYPE {MOUNT}").stdout.strip() == "xfs"
+    assert partition_sha256s(vm, layout) == layout
