@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from tools.render import ROOT
+from tools.render import ROOT, ManifestDumper
 
 COMMAND = "command:remote:Command"
 # Inputs whose change makes pulumi_command run a step again (create, or update when set).
@@ -116,8 +116,8 @@ def report(old: Snapshot, new: Snapshot, base: str, stack: str) -> tuple[str, bo
             lines += [f"- {title} {verb}: `{item}`" for item in items]
     lines += ["", "Node scripts `pulumi up` would run again: " + (", ".join(f"`{s}`" for s in rerun) or "none"), ""]
     manifests = unified(
-        {k: yaml.safe_dump(v, sort_keys=True) for k, v in old.objects.items()},
-        {k: yaml.safe_dump(v, sort_keys=True) for k, v in new.objects.items()},
+        {k: yaml.dump(v, Dumper=ManifestDumper, sort_keys=True) for k, v in old.objects.items()},
+        {k: yaml.dump(v, Dumper=ManifestDumper, sort_keys=True) for k, v in new.objects.items()},
         "manifests/",
     )
     scripts = unified(old.scripts, new.scripts, "")

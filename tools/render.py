@@ -43,6 +43,18 @@ KIND_ORDER = [
 ]
 
 
+class ManifestDumper(getattr(yaml, "CSafeDumper", yaml.SafeDumper)):  # type: ignore[misc]
+    """Safe YAML (libyaml's emitter when PyYAML has it) with multi-line strings as `|` blocks, so
+    scripts embedded in manifests read as scripts in review and in `make diff`."""
+
+
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style="|" if "\n" in value else None)
+
+
+ManifestDumper.add_representer(str, _str)
+
+
 class RenderError(Exception):
     """The program refused to run (a config error): one line for the user."""
 
@@ -277,7 +289,7 @@ def write(render: Render, out: Path) -> list[Path]:
     for stale in sorted(out.glob("nodes/*/*.sh")):
         stale.unlink()
     written = []
-    manifests = yaml.safe_dump_all(render.kubernetes_objects(), sort_keys=True, default_flow_style=False, width=120)
+    manifests = yaml.dump_all(render.kubernetes_objects(), Dumper=ManifestDumper, sort_keys=True, default_flow_style=False, width=120)
     written.append(_write(out / "manifests.yaml", manifests))
     resources = [
         {"urn": r.urn, "type": r.type, "name": r.name, "parent": r.parent, "custom": r.custom,

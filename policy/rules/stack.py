@@ -286,17 +286,20 @@ def _serves_vllm(service: Resource, candidates: Sequence[Workload]) -> bool:
     return any(w.namespace == ns and k8s.selects(selector, k8s.pod_labels(w.resource)) for w in candidates)
 
 
-def fronts_vllm(ingress: Resource, resources: Sequence[Resource]) -> bool:
-    """An Ingress counts as "in front of vLLM" unless every backend is a Service
-    of this stack that selects no GPU/vLLM pod: the policy cannot see pods that
-    live elsewhere, and a streaming API behind buffering is the costly mistake."""
-    ns = namespace(ingress.view)
+def stack_services(resources: Sequence[Resource]) -> dict[tuple[str, str], Resource]:
     services = {}
     for service in k8s.kinds_in(resources, frozenset({k8s.SERVICE})):
         key = attempt(_object_key, service)
         if key:
             services[key] = service
-    model_pods = [w for w in workloads(resources) if w.gpus_per_pod or w.vllm]
+    return services
+
+
+def fronts_vllm(ingress: Resource, services: Mapping[tuple[str, str], Resource], model_pods: Sequence[Workload]) -> bool:
+    """An Ingress counts as "in front of vLLM" unless every backend is a Service
+    of this stack that selects no GPU/vLLM pod: the policy cannot see pods that
+    live elsewhere, and a streaming API behind buffering is the costly mistake."""
+    ns = namespace(ingress.view)
     for name in backend_services(ingress.view):
         service = services.get((ns, name))
         if service is None or attempt(_serves_vllm, service, model_pods, default=True):
@@ -316,9 +319,12 @@ def _timeout_problem(annotations: Mapping, key: str, minimum: int) -> str | None
 
 def check_ingress_streaming(resources: list[Resource], cfg: Mapping) -> Iterator[tuple[Resource, str]]:
     minimum, classes = int(cfg["minProxyTimeoutSeconds"]), list(cfg["ingressClassNames"])
+    # Read once for all Ingresses: per Ingress it made the rule quadratic in the stack's size.
+    services = stack_services(resources)
+    model_pods = [w for w in workloads(resources) if w.gpus_per_pod or w.vllm]
     for ingress in k8s.kinds_in(resources, frozenset({k8s.INGRESS})):
         try:
-            if not nginx_class(ingress.view, classes) or not fronts_vllm(ingress, resources):
+            if not nginx_class(ingress.view, classes) or not fronts_vllm(ingress, services, model_pods):
                 continue
             annotations = as_map(dig(ingress.view, "metadata", "annotations"))
             buffering = annotations.get("nginx.ingress.kubernetes.io/proxy-buffering")
