@@ -57,24 +57,23 @@ def vm_image() -> Path:
     return ensure_image()
 
 
-@pytest.fixture(scope="module")
-def vm(vm_image: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Vm]:
-    machine = Vm(tmp_path_factory.mktemp("vm"), DEFAULT_DISKS, image=vm_image)
+def _running(workdir: Path, image: Path) -> Iterator[Vm]:
+    machine = Vm(workdir, DEFAULT_DISKS, image=image)
     try:
         machine.start()
         yield machine
     finally:
         _discard(machine)
+
+
+@pytest.fixture(scope="module")
+def vm(vm_image: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Vm]:
+    yield from _running(tmp_path_factory.mktemp("vm"), vm_image)
 
 
 @pytest.fixture
 def fresh_vm(vm_image: Path, tmp_path: Path) -> Iterator[Vm]:
-    machine = Vm(tmp_path / "vm", DEFAULT_DISKS, image=vm_image)
-    try:
-        machine.start()
-        yield machine
-    finally:
-        _discard(machine)
+    yield from _running(tmp_path / "vm", vm_image)
 
 
 @pytest.fixture
