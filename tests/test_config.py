@@ -188,7 +188,7 @@ def test_local_storage_keeps_every_replica_on_one_node() -> None:
     raw["models"][0]["replicas"] = {"min": 1, "max": 3}
     message = error_of(raw)
     assert message.startswith("models: at max replicas the models need 3 GPUs, but node-local storage keeps every pod on k8s-worker-02")
-    assert "ReadWriteOnce" in message and "nfs or storageClass" in message
+    assert "ReadWriteOnce" in message and "modelStorage.type: nfs or storageClass" in message
     raw["modelStorage"] = {"type": "nfs", "server": "nas.lan", "path": "/export/models", "sizeGi": 500}
     assert parse(raw).models[0].replicas.max == 3
 

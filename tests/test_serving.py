@@ -558,15 +558,6 @@ def test_model_config_errors_name_the_key(raw: dict[str, Any], starts: str) -> N
     assert message.startswith(starts), message
 
 
-def test_node_local_storage_with_replicas_beyond_its_node_says_what_to_change() -> None:
-    raw = prod_raw()
-    raw["nodes"].append({"name": "k8s-worker-03", "ssh": {"host": "10.0.0.3"}, "gpu": {"product": "nvidia-a100", "count": 2}})
-    raw["models"][0]["replicas"] = {"min": 1, "max": 3}
-    message = error_of(raw)
-    assert message.startswith("models: at max replicas the models need 3 GPUs, but node-local storage keeps every pod on k8s-worker-02")
-    assert "ReadWriteOnce" in message and "modelStorage.type: nfs" in message
-
-
 def test_prod_model_is_the_seed() -> None:
     (model,) = parse(prod_raw()).models
     assert (model.name, model.hugging_face_id, model.gpus_per_replica, model.gpu_product) == (
