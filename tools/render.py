@@ -174,9 +174,10 @@ def run_program(stack: str, root: Path = ROOT, overrides: dict[str, str] | None 
     for key, value in (secret_values or {}).items():
         values[f"{project}:{key}"] = value
         secrets.add(f"{project}:{key}")
-    _add_missing_secrets(project, values, secrets)
+    config = _parsed(project, values, secrets)
+    _add_missing_secrets(project, config, values, secrets)
 
-    render = Render(stack, config=_parsed(project, values, secrets))
+    render = Render(stack, config=config)
 
     class Engine(pulumi.runtime.Mocks):
         def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict[str, Any]]:
@@ -245,9 +246,8 @@ def _parsed(project: str, values: dict[str, str], secrets: set[str]) -> Any:
         return None
 
 
-def _add_missing_secrets(project: str, values: dict[str, str], secrets: set[str]) -> None:
+def _add_missing_secrets(project: str, stack: Any, values: dict[str, str], secrets: set[str]) -> None:
     """Give every secret the stack reads a placeholder, as `pulumi config set --secret` would a value."""
-    stack = _parsed(project, values, secrets)
     for key in stack.secret_keys() if stack else []:
         full = f"{project}:{key}"
         if full not in values:
