@@ -4,8 +4,9 @@ set -euo pipefail
 # containerd: `nvidia-ctk runtime configure --runtime=containerd` (into the drop-in
 #   /etc/containerd/conf.d/99-nvidia.toml when the toolkit supports --drop-in-config, >= 1.18;
 #   into config.toml before that). containerd is restarted only when its configuration really
-#   changed (sha256 of every file before and after); the toolkit may rewrite a file with the
-#   same content, which does not count.
+#   changed (sha256 of every file before and after), or when an earlier run stopped between
+#   writing and restarting; the toolkit may rewrite a file with the same content, which does
+#   not count.
 # k3s / rke2: they write their own containerd config at every start and add the `nvidia`
 #   runtime themselves when nvidia-container-runtime is installed; editing that file is
 #   pointless (it is regenerated). The service is restarted only when its generated config
@@ -53,18 +54,15 @@ case $GS_RUNTIME in
     fi
     files=("$config")
     [[ -z $dropin ]] || files+=("$dropin")
-    # A run cut short between writing and restarting leaves a config newer than the daemon.
-    stale=0 boot=0 pid=$(systemctl show -p MainPID --value containerd)
-    if ((pid > 0)) && [[ -r /proc/$pid/stat ]]; then
-      read -r -a pstat <"/proc/$pid/stat"
-      while read -r key value; do
-        [[ $key != btime ]] || boot=$value
-      done </proc/stat
-      started=$((boot + pstat[21] / 100)) # start time: clock ticks (USER_HZ = 100) after boot
-      for f in "${files[@]}"; do
-        [[ ! -e $f ]] || (($(stat -c %Y "$f") <= started)) || stale=1
-      done
-    fi
+    # A run cut short after the toolkit wrote and before containerd restarted leaves a config the
+    # daemon has not read. The marker lives in /run: a reboot clears it, and a reboot also makes
+    # containerd read its config. (Comparing file mtimes with the daemon's start time was tried:
+    # /proc gives whole seconds and btime is rounded down, so it saw fresh restarts as stale.)
+    pending=/run/gpu-serving/containerd-restart-pending
+    stale=0
+    [[ ! -e $pending ]] || stale=1
+    mkdir -p "${pending%/*}"
+    : >"$pending"
     # The toolkit rewrites config.toml even when nothing changes: keep each file's mtime aside
     # and put it back when the content is the same, so an unchanged run leaves no trace.
     ref=$(mktemp -d)
@@ -85,10 +83,11 @@ case $GS_RUNTIME in
       say "containerd configuration unchanged (${files[*]}); no restart"
       result=unchanged
     else
-      say "containerd configuration changed (${files[*]}) or newer than the running daemon; restarting containerd"
+      say "containerd configuration changed (${files[*]}) or an earlier run stopped before restarting; restarting containerd"
       systemctl restart containerd
       result=changed
     fi
+    rm -f "$pending"
     ;;
   k3s | rke2)
     generated=/var/lib/rancher/$GS_RUNTIME/agent/etc/containerd/config.toml

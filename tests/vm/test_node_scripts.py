@@ -282,6 +282,17 @@ def test_runtime_step_with_fake_nvidia_ctk(vm, node):
     assert again["result"] == "unchanged"
     assert vm.ssh(invocation).stdout.strip() == second_id  # not restarted
     assert vm.ssh(files).stdout == before  # the tool's rewrite left no trace
+    assert vm.ssh("test -e /run/gpu-serving/containerd-restart-pending", check=False).returncode == 1
+
+    # A run cut short after the toolkit wrote and before the restart leaves its marker; the
+    # files it wrote look unchanged to the next run, which must restart all the same.
+    vm.ssh(": >/run/gpu-serving/containerd-restart-pending")
+    resumed = report(run(vm, script).stdout)
+    assert resumed["result"] == "changed"
+    third_id = vm.ssh(invocation).stdout.strip()
+    assert third_id != second_id
+    assert report(run(vm, script).stdout)["result"] == "unchanged"
+    assert vm.ssh(invocation).stdout.strip() == third_id
 
 
 def test_delete_scripts_keep_everything(vm, node):
