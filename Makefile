@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 .PHONY: help venv render test test-vm lint policy-check diff checkov lab-vm lab-vm-stop bench clean
 
 help:
-	@echo "make render [STACK=prod]   render the stack offline into rendered/<stack>/"
+	@echo "make render [STACK=prod]   render the stack offline into rendered/<stack>/ (DEPLOYED=outputs.json: against a deployed stack)"
 	@echo "make test                  run the test suite (creates ./venv on first use)"
 	@echo "make test-vm               run the node scripts on a throwaway qemu VM (slow)"
 	@echo "make lint                  ruff, shellcheck, yamllint"
@@ -26,7 +26,7 @@ $(STAMP): requirements.txt requirements-dev.txt
 	touch $@
 
 render: $(STAMP)
-	$(PY) -m tools.render $(STACK)
+	$(PY) -m tools.render $(STACK) $(if $(DEPLOYED),--deployed $(DEPLOYED))
 
 test: $(STAMP) $(CHECKOV)
 	$(PY) -m pytest -q

@@ -21,8 +21,9 @@ Steps, chained with depends_on (runtime is independent of the disks):
     80-runtime    NVIDIA container runtime for containerd / k3s / rke2
 
 Health is measured when the health step runs (first `up`, or when its inputs change); to measure
-again: `pulumi up --replace '<urn of <node>:70-health>'`. Shrinking cannot be refused at config
-load (the program cannot see the node): preflight and grow refuse it with a message.
+again: `pulumi up --replace '<urn of <node>:70-health>'`. Shrinking is refused at config load,
+against the partition size the last grow step exported (`stacks.deployed_outputs`); preflight and
+grow refuse it again on the node, before any write.
 """
 
 from __future__ import annotations
@@ -89,12 +90,6 @@ PER_DIAL_TIMEOUT = 15
 # ---------------------------------------------------------------------------- scripts
 
 
-def partition_bytes(size_gb: int) -> int:
-    """Partition size: `sizeGb` GB (10^9 bytes) rounded down to whole MiB, so that a 1 MiB-aligned
-    start gives an optimally aligned end and parted never adjusts it."""
-    return size_gb * 10**9 // 2**20 * 2**20
-
-
 def parameters(node: Node, cluster: ClusterConfig) -> dict[str, str | list[str]]:
     """Every step parameter of a node, by name (`GS_DISKS` is a bash array)."""
     params: dict[str, str | list[str]] = {
@@ -108,7 +103,7 @@ def parameters(node: Node, cluster: ClusterConfig) -> dict[str, str | list[str]]
             GS_DISKS=list(storage.disks),
             GS_RAID_NAME=storage.raid_name,
             GS_PART_NAME=storage.partition_name,
-            GS_PART_BYTES=str(partition_bytes(storage.size_gb)),
+            GS_PART_BYTES=str(storage.partition_bytes),
             GS_MOUNTPOINT=storage.mountpoint,
             GS_DEVICE_TIMEOUT=str(storage.device_timeout_seconds),
         )
@@ -217,27 +212,35 @@ def parse_report(stdout: str | None) -> dict[str, Any] | None:
     return None
 
 
-def health_outputs(stdout: str | None, node: Node) -> dict[str, Any]:
-    """The node's storage outputs from the health step's report ("unknown until pulumi up" without one)."""
+def storage_outputs(health_stdout: str | None, grow_stdout: str | None, node: Node) -> dict[str, Any]:
+    """The node's storage outputs from the health and grow reports ("unknown until pulumi up" without them).
+
+    `partitionBytes` is what the last successful grow step left on each member; the next run's
+    config check refuses a smaller `sizeGb` against it (see `stacks.config.refuse_shrinking`).
+    """
     storage = node.storage
-    report = parse_report(stdout)
-    if report is None:
-        return {
-            "arrayDevice": storage.device if storage else None,
-            "arrayUuid": UNKNOWN,
-            "filesystemUuid": UNKNOWN,
-            "mountpoint": storage.mountpoint if storage else None,
-            "usableBytes": UNKNOWN,
-            "health": UNKNOWN,
-        }
-    return {
-        "arrayDevice": report.get("device", storage.device if storage else None),
-        "arrayUuid": report.get("arrayUuid") or UNKNOWN,
-        "filesystemUuid": report.get("filesystemUuid") or UNKNOWN,
-        "mountpoint": report.get("mountpoint"),
-        "usableBytes": report.get("usableBytes") if report.get("mounted") else 0,
-        "health": report.get("health", UNKNOWN),
+    report = parse_report(health_stdout)
+    grown = parse_report(grow_stdout) or {}
+    outputs: dict[str, Any] = {
+        "arrayDevice": storage.device if storage else None,
+        "disks": list(storage.disks) if storage else [],
+        "partitionBytes": grown.get("partitionBytes", UNKNOWN),
+        "arrayUuid": UNKNOWN,
+        "filesystemUuid": UNKNOWN,
+        "mountpoint": storage.mountpoint if storage else None,
+        "usableBytes": UNKNOWN,
+        "health": UNKNOWN,
     }
+    if report is not None:
+        outputs.update(
+            arrayDevice=report.get("device", outputs["arrayDevice"]),
+            arrayUuid=report.get("arrayUuid") or UNKNOWN,
+            filesystemUuid=report.get("filesystemUuid") or UNKNOWN,
+            mountpoint=report.get("mountpoint"),
+            usableBytes=report.get("usableBytes") if report.get("mounted") else 0,
+            health=report.get("health", UNKNOWN),
+        )
+    return outputs
 
 
 def health_warning(node_name: str, outputs: dict[str, Any]) -> str | None:
@@ -284,7 +287,7 @@ class GpuNode(pulumi.ComponentResource):
     storage_ready: list[pulumi.Resource]
     """The last disk step (empty without disk work): after it the array is mounted at its configured size."""
     outputs: pulumi.Output[dict[str, Any]]
-    """arrayDevice, arrayUuid, filesystemUuid, mountpoint, usableBytes, health."""
+    """arrayDevice, disks, partitionBytes, arrayUuid, filesystemUuid, mountpoint, usableBytes, health."""
     commands: dict[str, command.remote.Command]
 
     def __init__(self, name: str, args: GpuNodeArgs, opts: pulumi.ResourceOptions | None = None):
@@ -321,18 +324,18 @@ class GpuNode(pulumi.ComponentResource):
         health = self.commands.get("70-health")
         self.storage_ready = [self.commands["60-grow"]] if "60-grow" in self.commands else []
         if health is not None:
-            def report(stdout: str | None) -> dict[str, Any]:
-                outputs = health_outputs(stdout, node)
+            def report(stdouts: list[str | None]) -> dict[str, Any]:
+                outputs = storage_outputs(*stdouts, node)
                 warning = health_warning(node.name, outputs)
                 if warning:
                     pulumi.log.warn(warning, resource=self)
                 return outputs
 
-            self.outputs = health.stdout.apply(report)
+            self.outputs = pulumi.Output.all(health.stdout, self.commands["60-grow"].stdout).apply(report)
         else:
             self.outputs = pulumi.Output.from_input(
-                {"arrayDevice": None, "arrayUuid": None, "filesystemUuid": None, "mountpoint": None,
-                 "usableBytes": 0, "health": "no disk work"}
+                {"arrayDevice": None, "disks": [], "partitionBytes": 0, "arrayUuid": None, "filesystemUuid": None,
+                 "mountpoint": None, "usableBytes": 0, "health": "no disk work"}
             )
 
         # Labels and taint only once the runtime can start GPU containers.

@@ -7,9 +7,12 @@ from typing import Any
 
 import pulumi
 
-from stacks.config import PROJECT, TOP_LEVEL_KEYS, ConfigError, StackConfig, parse
+from stacks.config import PROJECT, TOP_LEVEL_KEYS, ConfigError, StackConfig, parse, refuse_shrinking
 
-__all__ = ["ConfigError", "StackConfig", "load", "parse", "read_raw", "secret"]
+__all__ = ["ConfigError", "StackConfig", "deployed_outputs", "load", "parse", "read_raw", "secret"]
+
+# The engine's built-in function behind StackReference: a stack's outputs from its last update.
+READ_STACK_OUTPUTS = "pulumi:pulumi:readStackOutputs"
 
 
 def read_raw(config: pulumi.Config | None = None) -> dict[str, Any]:
@@ -44,9 +47,38 @@ def load(config: pulumi.Config | None = None) -> StackConfig:
         for key in stack.secret_keys():
             if runtime_config.get_config(f"{PROJECT}:{key}") is None:
                 raise ConfigError(f"{key}: secret is not set; run `pulumi config set --secret {key}` (value from stdin)")
+        refuse_shrinking(stack, deployed_outputs().get("nodes") or {})
         return stack
     except ConfigError as exc:
         raise pulumi.RunError(f"config error: {exc}") from None
+
+
+def deployed_outputs() -> dict[str, Any]:
+    """This stack's outputs from its last `pulumi up` ({} before the first one).
+
+    Read synchronously, like a StackReference to the stack itself, so that config checks that
+    need the deployed state (a partition cannot shrink) run before any resource is declared.
+    When the backend cannot answer, the checks are skipped with a warning: the node steps
+    refuse a shrink on their own, before any write.
+    """
+    stack, organization = pulumi.get_stack(), pulumi.get_organization()
+    # Fully qualified first; DIY backends made before Pulumi 3.61 only know the bare stack name.
+    names = [f"{organization}/{pulumi.get_project()}/{stack}"] if organization else []
+    names.append(stack)
+    failures = []
+    for name in names:
+        try:
+            result = pulumi.runtime.invoke(READ_STACK_OUTPUTS, {"name": name})
+        except Exception as exc:  # any backend failure means "unknown", never a failed run
+            failures.append(f"{name}: {' '.join(str(exc).split())}")
+            continue
+        outputs = (result.value or {}).get("outputs")
+        return dict(outputs) if isinstance(outputs, dict) else {}
+    pulumi.log.warn(
+        "cannot read this stack's outputs from its last update (" + "; ".join(failures) + "); a smaller "
+        "nodes[].storage.sizeGb is then refused by the node steps, before any write, instead of at config load"
+    )
+    return {}
 
 
 def secret(name: str) -> pulumi.Output[str]:

@@ -12,6 +12,7 @@ import math
 import posixpath
 import re
 from collections import Counter
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -207,6 +208,24 @@ class NodeStorage(_Model):
     @property
     def partition_name(self) -> str:
         return f"gs-{self.raid_name}"
+
+    @property
+    def partition_bytes(self) -> int:
+        return partition_bytes(self.size_gb)
+
+
+def partition_bytes(size_gb: int) -> int:
+    """Partition size: `sizeGb` GB (10^9 bytes) rounded down to whole MiB, so that a 1 MiB-aligned
+    start gives an optimally aligned end and parted never adjusts it."""
+    return size_gb * 10**9 // 2**20 * 2**20
+
+
+def size_gb_for(part_bytes: int) -> int:
+    """The smallest `sizeGb` whose partition holds `part_bytes`."""
+    size_gb = max(1, -(-part_bytes // 10**9))
+    while partition_bytes(size_gb) < part_bytes:
+        size_gb += 1
+    return size_gb
 
 
 SYSTEM_DIRS = frozenset(
@@ -616,6 +635,35 @@ def _unique(items: list[Any], attr: str, where: str) -> None:
         if value in seen:
             raise _at(f"{where}[{i}].{attr}", f"{value!r} is already used by {where}[{seen[value]}]")
         seen[value] = i
+
+
+# ---------------------------------------------------------------------------- against the deployed stack
+
+
+def refuse_shrinking(stack: StackConfig, deployed_nodes: Mapping[str, Any]) -> None:
+    """Raise ConfigError when a node's `sizeGb` is below the partitions its last `pulumi up` left.
+
+    `deployed_nodes` is the stack output `nodes` of the previous run (`GpuNode.outputs` by node
+    name). Partitions of another array or on other disks are not compared: nothing shrinks there.
+    """
+    for i, node in enumerate(stack.nodes):
+        storage = node.storage
+        before = deployed_nodes.get(node.name) if isinstance(deployed_nodes, Mapping) else None
+        if storage is None or not node.prepares_disks or not isinstance(before, Mapping):
+            continue
+        deployed_bytes = before.get("partitionBytes")
+        if not isinstance(deployed_bytes, int | float) or isinstance(deployed_bytes, bool):
+            continue  # unknown: deployed before this output existed, or the grow step never finished
+        same_disks = set(before.get("disks") or []) & set(storage.disks)
+        if before.get("arrayDevice") != storage.device or not same_disks:
+            continue
+        if storage.partition_bytes < deployed_bytes:
+            at_least = size_gb_for(int(deployed_bytes))
+            raise ConfigError(
+                f"nodes[{i}].storage.sizeGb: {storage.size_gb} would shrink the partitions of {storage.device} on "
+                f"{node.name} ({int(deployed_bytes)} bytes each since the last pulumi up); XFS cannot shrink. "
+                f"Allowed: {at_least} or more"
+            )
 
 
 # ---------------------------------------------------------------------------- loading

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from components import node as gpunode
-from stacks.config import parse
+from stacks.config import parse, partition_bytes, size_gb_for
 from tools.render import node_scripts
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -124,9 +124,10 @@ def test_render_is_deterministic(render):
 
 
 def test_partition_bytes_are_whole_mib():
-    assert gpunode.partition_bytes(1000) == 999999668224
-    assert gpunode.partition_bytes(1000) % 2**20 == 0
-    assert gpunode.partition_bytes(2) == 1999634432
+    assert partition_bytes(1000) == 999999668224
+    assert partition_bytes(1000) % 2**20 == 0
+    assert partition_bytes(2) == 1999634432
+    assert [size_gb_for(partition_bytes(n)) for n in (1, 2, 999, 1000, 7681)] == [1, 2, 999, 1000, 7681]
 
 
 # ---------------------------------------------------------------------------- what re-runs
@@ -326,6 +327,8 @@ def test_outputs_under_mocks_say_unknown(prod):
     out = prod.outputs["nodes"][NODE]
     assert out == {
         "arrayDevice": "/dev/md/models",
+        "disks": ["/dev/sda", "/dev/sdb"],
+        "partitionBytes": gpunode.UNKNOWN,
         "arrayUuid": gpunode.UNKNOWN,
         "filesystemUuid": gpunode.UNKNOWN,
         "mountpoint": "/mnt/ollama-models",
@@ -351,7 +354,7 @@ def test_parse_report_takes_the_last_json_line():
 
 def test_degraded_health_is_an_output_and_a_warning():
     node = parse(parse_raw()).nodes[0]
-    out = gpunode.health_outputs(json.dumps(HEALTH), node)
+    out = gpunode.storage_outputs(json.dumps(HEALTH), None, node)
     assert out["health"] == "degraded" and out["usableBytes"] == 1000 and out["arrayUuid"] == "a:b:c:d"
     warning = gpunode.health_warning(node.name, out)
     assert warning and "degraded" in warning
@@ -400,3 +403,121 @@ def test_degraded_stdout_warns_through_the_component():
     _sync_await(wait_for_rpcs())
     assert result["health"] == "degraded"
     assert any("degraded" in w for w in warnings), warnings
+
+
+# ---------------------------------------------------------------------------- shrinking, refused at config load
+
+GROW = {"step": "grow", "result": "changed", "device": "/dev/md/models", "partitionBytes": partition_bytes(1000),
+        "filesystemBytes": 979_000_000_000}  # fmt: skip
+
+
+def deployed(**node_outputs: Any) -> dict[str, Any]:
+    """Stack outputs as the last `pulumi up` of prod would have left them."""
+    prod_outputs = {
+        "arrayDevice": "/dev/md/models", "disks": ["/dev/sda", "/dev/sdb"], "partitionBytes": partition_bytes(1000),
+        "arrayUuid": "a:b:c:d", "filesystemUuid": "f-u", "mountpoint": "/mnt/ollama-models",
+        "usableBytes": 979_000_000_000, "health": "clean",
+    }  # fmt: skip
+    return {"namespace": "ai", "nodes": {NODE: {**prod_outputs, **node_outputs}}}
+
+
+def render_sized(size_gb: int, outputs: dict[str, Any], **storage: Any):
+    from tools.render import run_program
+
+    nodes = json.dumps(with_storage(sizeGb=size_gb, **storage))
+    return run_program("prod", overrides={"gpu-serving:nodes": nodes}, deployed=outputs)
+
+
+def test_partition_bytes_output_comes_from_the_grow_report():
+    node = parse(parse_raw()).nodes[0]
+    out = gpunode.storage_outputs(json.dumps(HEALTH), "grew\n" + json.dumps(GROW), node)
+    assert out["partitionBytes"] == partition_bytes(1000)
+    assert out["disks"] == ["/dev/sda", "/dev/sdb"]
+    assert gpunode.storage_outputs(json.dumps(HEALTH), None, node)["partitionBytes"] == gpunode.UNKNOWN
+
+
+def test_smaller_size_than_deployed_is_a_config_error():
+    from tools.render import RenderError
+
+    with pytest.raises(RenderError) as error:
+        render_sized(500, deployed())
+    message = str(error.value)
+    assert message.startswith("config error: nodes[0].storage.sizeGb: 500 would shrink")
+    assert NODE in message and "Allowed: 1000 or more" in message
+
+
+def test_one_replaced_disk_still_counts_as_the_same_array():
+    from tools.render import RenderError
+
+    with pytest.raises(RenderError, match="would shrink"):
+        render_sized(999, deployed(disks=["/dev/sda", "/dev/sdc"]))
+
+
+@pytest.mark.parametrize(
+    ("size_gb", "outputs"),
+    [
+        (1000, deployed()),  # unchanged
+        (1500, deployed()),  # grow
+        (500, deployed(partitionBytes=gpunode.UNKNOWN)),  # the grow step never finished
+        (500, deployed(arrayDevice="/dev/md/old")),  # another array: nothing shrinks
+        (500, deployed(disks=["/dev/sdc", "/dev/sdd"])),  # other disks
+        (500, {}),  # first pulumi up
+    ],
+)
+def test_sizes_that_do_not_shrink_the_deployed_partitions_render(size_gb, outputs):
+    render = render_sized(size_gb, outputs)
+    assert render.stack_reads == ["organization/gpu-serving/prod"]
+    assert commands(render)["60-grow"].inputs["create"].count(f"GS_PART_BYTES={partition_bytes(size_gb)}\n") == 1
+
+
+def deployed_outputs_when(answer) -> tuple[dict[str, Any], list[str], Any]:
+    """`stacks.deployed_outputs()` under mocks whose engine answers the stack read with `answer(name)`:
+    (outputs, warnings, the RPC manager's unhandled exception)."""
+    import logging
+
+    import pulumi
+    from pulumi.runtime.settings import _get_rpc_manager
+    from pulumi.runtime.stack import wait_for_rpcs
+    from pulumi.runtime.sync_await import _sync_await
+
+    import stacks
+
+    class Engine(pulumi.runtime.Mocks):
+        def new_resource(self, args):
+            return f"{args.name}-id", dict(args.inputs)
+
+        def call(self, args):
+            return answer(args.args["name"])
+
+    warnings: list[str] = []
+
+    class Capture(logging.Handler):
+        def emit(self, record):
+            if record.levelno >= logging.WARNING:
+                warnings.append(record.getMessage())
+
+    logger = logging.getLogger(f"test-deployed-{id(answer)}")
+    logger.propagate = False
+    logger.addHandler(Capture())
+    pulumi.runtime.set_mocks(Engine(), project="gpu-serving", stack="prod", preview=True, logger=logger, organization="acme")
+    outputs = stacks.deployed_outputs()
+    _sync_await(wait_for_rpcs(await_all_outstanding_tasks=True))
+    return outputs, warnings, _get_rpc_manager().unhandled_exception
+
+
+def test_unreadable_previous_outputs_warn_and_do_not_fail_the_run():
+    asked: list[str] = []
+
+    def answer(name):
+        asked.append(name)
+        if "/" in name:  # a DIY backend made before Pulumi 3.61 knows only bare stack names
+            return {}, [("name", f"unknown stack {name!r}")]
+        return {"name": name, "outputs": deployed(), "secretOutputNames": []}, []
+
+    outputs, warnings, unhandled = deployed_outputs_when(answer)
+    assert asked == ["acme/gpu-serving/prod", "prod"]
+    assert outputs == deployed() and not warnings and unhandled is None
+
+    outputs, warnings, unhandled = deployed_outputs_when(lambda name: ({}, [("name", "backend unreachable")]))
+    assert outputs == {} and unhandled is None
+    assert len(warnings) == 1 and "cannot read this stack's outputs" in warnings[0] and "backend unreachable" in warnings[0]

@@ -2,10 +2,13 @@
 
     python -m tools.render prod            # writes rendered/prod/
     python -m tools.render prod --out DIR
+    python -m tools.render prod --deployed outputs.json   # as if the stack's last up left these outputs
 
 Config comes from `Pulumi.<stack>.yaml` exactly as the CLI would pass it; secrets that are
 `secure:` or missing become placeholders that stay marked secret. No Pulumi CLI, provider
-plugin or cluster is needed, so reviewers can run this in a pull request.
+plugin or cluster is needed, so reviewers can run this in a pull request. The program reads
+its own stack's previous outputs (to refuse shrinking a partition); the render answers with
+none, as on a first `pulumi up`, or with `--deployed FILE` (`pulumi stack output --json`).
 
 Writes `manifests.yaml` (every Kubernetes object, apply-ready, stable order), `resources.json`
 (every Pulumi resource with the options that matter), `outputs.json` (stack outputs) and
@@ -78,6 +81,8 @@ class Render:
     warnings: list[str] = field(default_factory=list)
     config: Any = None
     """The validated StackConfig the program ran with."""
+    stack_reads: list[str] = field(default_factory=list)
+    """Stack names the program read previous outputs of (a StackReference to itself)."""
 
     def kubernetes_objects(self) -> list[dict[str, Any]]:
         objects = [
@@ -158,11 +163,13 @@ def _stacks(root: Path) -> list[str]:
 
 
 def run_program(stack: str, root: Path = ROOT, overrides: dict[str, str] | None = None,
-                secret_values: dict[str, str] | None = None, stack_file: Path | None = None) -> Render:
+                secret_values: dict[str, str] | None = None, stack_file: Path | None = None,
+                deployed: dict[str, Any] | None = None) -> Render:
     """Run `__main__.py` once under mocks and record everything it declares.
 
     `overrides` replaces config values (tests); `secret_values` sets secret keys to real
     values (the secret canary test); other secrets the stack reads get placeholders.
+    `deployed` is what the stack's previous `pulumi up` exported (default: nothing yet).
     """
     import pulumi
     from pulumi.runtime import mocks, rpc, settings
@@ -183,8 +190,11 @@ def run_program(stack: str, root: Path = ROOT, overrides: dict[str, str] | None 
         def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict[str, Any]]:
             return f"{args.name}-id", dict(args.inputs)
 
-        def call(self, args: pulumi.runtime.MockCallArgs) -> tuple[dict[str, Any], None]:
-            return {}, None
+        def call(self, args: pulumi.runtime.MockCallArgs) -> tuple[dict[str, Any], list[Any]]:
+            if args.token == "pulumi:pulumi:readStackOutputs":
+                render.stack_reads.append(args.args["name"])
+                return {"name": args.args["name"], "outputs": deployed or {}, "secretOutputNames": []}, []
+            return {}, []
 
     class Monitor(mocks.MockMonitor):
         def RegisterResource(self, request: Any) -> Any:  # noqa: N802 - gRPC method name
@@ -209,7 +219,8 @@ def run_program(stack: str, root: Path = ROOT, overrides: dict[str, str] | None 
     pulumi.runtime.set_all_config(values, sorted(secrets))
     settings.set_root_resource(None)
     engine = Engine()
-    mocks.set_mocks(engine, project=project, stack=stack, preview=False, logger=logger, monitor=Monitor(engine))
+    mocks.set_mocks(engine, project=project, stack=stack, preview=False, logger=logger, monitor=Monitor(engine),
+                    organization="organization")
 
     sys.path.insert(0, str(root))
     try:
@@ -340,6 +351,16 @@ def node_scripts(render: Render) -> dict[str, str]:
     return dict(sorted(scripts.items()))
 
 
+def _read_deployed(path: Path) -> dict[str, Any]:
+    try:
+        outputs = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise RenderError(f"--deployed {path}: {exc}") from None
+    if not isinstance(outputs, dict):
+        raise RenderError(f"--deployed {path}: expected a JSON object of stack outputs (`pulumi stack output --json`)")
+    return outputs
+
+
 def _write(path: Path, text: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
@@ -351,9 +372,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("stack", nargs="?", default="prod")
     parser.add_argument("--out", type=Path, help="output folder (default rendered/<stack>)")
     parser.add_argument("--stack-file", type=Path, help="read the stack config from this file instead of Pulumi.<stack>.yaml")
+    parser.add_argument("--deployed", type=Path, metavar="FILE",
+                        help="the stack's outputs from its last pulumi up (`pulumi stack output --json`), for the checks against it")
     args = parser.parse_args(argv)
     try:
-        render = run_program(args.stack, stack_file=args.stack_file)
+        deployed = _read_deployed(args.deployed) if args.deployed else None
+        render = run_program(args.stack, stack_file=args.stack_file, deployed=deployed)
     except RenderError as exc:
         print(f"render {args.stack}: {exc}", file=sys.stderr)
         return 1

@@ -28,8 +28,9 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from stacks.config import usable_gib  # noqa: E402
-from tools.render import run_program  # noqa: E402
+from components.node import storage_outputs  # noqa: E402
+from stacks.config import Node, usable_gib  # noqa: E402
+from tools.render import RenderError, run_program  # noqa: E402
 
 NODE = "k8s-worker-02"
 DISKS = ("gs-disk-a", "gs-disk-b")
@@ -95,15 +96,21 @@ TIMINGS: dict[str, float] = {}
 # ---------------------------------------------------------------------------- helpers
 
 
-def render_steps(size_gb: int) -> dict[str, dict[str, str]]:
-    """{step: {"create", "delete"}} for the prod node pointed at the VM's disks, via the offline render."""
+def vm_nodes(size_gb: int) -> list[dict[str, Any]]:
+    """The prod stack's `nodes`, its node pointed at the VM's disks."""
     import yaml
 
     nodes = yaml.safe_load((ROOT / "Pulumi.prod.yaml").read_text())["config"]["gpu-serving:nodes"]
     nodes[0]["storage"] = {
         "disks": [Vm.by_id(d) for d in DISKS], "sizeGb": size_gb, "raidName": "models", "mountpoint": MOUNT,
     }  # fmt: skip
-    render = run_program("prod", overrides={"gpu-serving:nodes": json.dumps(nodes), "gpu-serving:models": "[]"})
+    return nodes
+
+
+def render_steps(size_gb: int, deployed: dict[str, Any] | None = None) -> dict[str, dict[str, str]]:
+    """{step: {"create", "delete"}} for the prod node pointed at the VM's disks, via the offline render."""
+    overrides = {"gpu-serving:nodes": json.dumps(vm_nodes(size_gb)), "gpu-serving:models": "[]"}
+    render = run_program("prod", overrides=overrides, deployed=deployed)
     steps = {}
     for cmd in render.of_type("command:remote:Command"):
         node, _, step = cmd.name.partition(":")
@@ -252,7 +259,11 @@ def test_grow_keeps_data(vm, node):
     assert "Intent Bitmap : Internal" in vm.ssh(f"mdadm --detail {MD}").stdout
     again = run_steps(vm, bigger, ["60-grow"], "grow-again")
     assert again["60-grow"]["result"] == "unchanged"
-    # Shrinking back is refused, with a message that says what to do.
+    # Shrinking back is refused at config load, against the outputs these real reports make...
+    outputs = storage_outputs(json.dumps(reports["70-health"]), json.dumps(reports["60-grow"]), Node.model_validate(vm_nodes(SIZE_B)[0]))
+    with pytest.raises(RenderError, match=rf"nodes\[0\]\.storage\.sizeGb: {SIZE_A} would shrink .* Allowed: {SIZE_B} or more"):
+        render_steps(SIZE_A, deployed={"nodes": {NODE: outputs}})
+    # ...and on the node, before any write, with a message that says what to do.
     proc = run(vm, render_steps(SIZE_A)["10-preflight"]["create"], check=False)
     assert proc.returncode != 0 and "shrinking is not supported" in proc.stderr
     node["steps"] = bigger
