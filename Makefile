@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STACK ?= prod
 STAMP := $(VENV)/.installed
 
-.PHONY: help venv render test test-vm lint policy-check diff checkov lab-vm lab-vm-stop bench clean
+.PHONY: help venv render test test-vm lint policy-check diff checkov lab-vm lab-vm-stop bench bench-vm clean
 
 help:
 	@echo "make render [STACK=prod]   render the stack offline into rendered/<stack>/ (DEPLOYED=outputs.json: against a deployed stack)"
@@ -17,6 +17,7 @@ help:
 	@echo "make diff BASE=<ref>       what the working tree changes in the rendered stack"
 	@echo "make lab-vm / lab-vm-stop  the lab stack's node: a throwaway VM on 127.0.0.1:2222"
 	@echo "make bench                 benchmarks into docs/BENCHMARKS.md"
+	@echo "make bench-vm              node-step benchmark on a throwaway VM (slow; make bench includes it)"
 
 venv: $(STAMP)
 
@@ -70,6 +71,10 @@ lab-vm-stop: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m tools.bench $(BENCH_ARGS)
+
+bench-vm: $(STAMP)
+	bash tests/vm/install-host-deps.sh
+	$(PY) -m tools.bench_node
 
 clean:
 	rm -rf rendered .pytest_cache

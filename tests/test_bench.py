@@ -29,3 +29,29 @@ def test_generated_stacks_are_valid_configs() -> None:
         document = generated_stack(models, nodes)["config"]
         stack = parse({key.split(":", 1)[1]: value for key, value in document.items()})
         assert (len(stack.models), len(stack.nodes)) == (models, nodes)
+
+
+def test_node_step_profile_reads_a_real_bash_trace(tmp_path: Path) -> None:
+    from tools.bench_node import profile, traced
+
+    trace = tmp_path / "trace"
+    script = "set -euo pipefail\nsleep 0.4\nx=$(echo hi)\ntrue\n"
+    subprocess.run(["bash", "-c", traced(script, str(trace))], check=True)
+    spent = profile(trace.read_text())
+    assert {"sleep", "echo", "x", "true"} <= set(spent)
+    assert max(spent, key=spent.__getitem__) == "sleep"
+
+
+def test_node_step_report_separates_our_writes_from_the_guests() -> None:
+    from tools.bench_node import Measured, markdown
+
+    measured = Measured(
+        first={"10-preflight": 2.0, "30-raid": 78.0}, rerun={"10-preflight": 1.0, "30-raid": 3.0},
+        results={"10-preflight": "unchanged", "30-raid": "unchanged"}, login=0.5,
+        written=["/var/log/journal/abc/system.journal", "/var/log/wtmp", "/etc/fstab"], profile={"parted": 0.8, "udevadm": 0.2},
+    )  # fmt: skip
+    report = markdown(measured)
+    assert "| **all 2 steps** | **80.0** | **4.0** (5.0% of the first run" in report
+    assert "| **the steps' own work** | | **3.0** (3.8% of the first run) |" in report
+    assert "**Files written by the re-run: 1** of ours (/etc/fstab); the guest itself wrote 2" in report
+    assert report.index("`parted`") < report.index("`udevadm`")

@@ -191,14 +191,16 @@ def markdown(floor: Run, prod: Run, modules: int, rows: list[dict[str, Any]], di
     return "\n".join(lines)
 
 
-NODE_STEPS_PENDING = "Run `make bench-vm` (boots the test VM); figures in the next section when measured."
+NODE_STEPS = ROOT / "docs" / "benchmarks-node-steps.md"
+NODE_STEPS_PENDING = "Not measured yet: run `make bench-vm` (boots the test VM, ~5 min), then `make bench`."
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="2 runs, 2 stack sizes: checks the benchmark itself works")
     parser.add_argument("--out", type=Path, default=ROOT / "docs", help="folder for BENCHMARKS.md and the chart")
-    parser.add_argument("--node-steps", type=Path, help="markdown with the VM node-step figures to include")
+    parser.add_argument("--node-steps", type=Path, default=NODE_STEPS,
+                        help="markdown with the VM node-step figures to include (written by `make bench-vm`)")
     args = parser.parse_args(argv)
     runs = 2 if args.quick else 5
     scales = QUICK_SCALES if args.quick else SCALES
@@ -213,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         differing, compared = determinism(work)
     chart_name = "benchmarks-scaling.png"
     chart(rows, args.out / chart_name)
-    node_steps = args.node_steps.read_text().strip() if args.node_steps else NODE_STEPS_PENDING
+    node_steps = args.node_steps.read_text().strip() if args.node_steps.exists() else NODE_STEPS_PENDING
     (args.out / "BENCHMARKS.md").write_text(markdown(floor, prod, len(modules), rows, differing, compared, runs, chart_name, node_steps))
     print(f"wrote {args.out / 'BENCHMARKS.md'}: render {prod.seconds / floor.seconds:.2f}× the floor, "
           f"largest stack {rows[-1]['seconds'] / rows[0]['seconds']:.2f}× the smallest, {differing} differing resources")
