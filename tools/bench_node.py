@@ -20,6 +20,7 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
+from itertools import pairwise
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -77,7 +78,7 @@ def profile(trace: str) -> dict[str, float]:
     """Time per command word: each traced line lasts until the next one starts."""
     spent: dict[str, float] = defaultdict(float)
     lines = [m.groups() for m in map(TRACE_LINE.match, trace.splitlines()) if m]
-    for (start, command), (end, _) in zip(lines, lines[1:], strict=False):
+    for (start, command), (end, _) in pairwise(lines):
         word = command.split(" ", 1)[0].split("=", 1)[0] if command else "?"
         spent[word] += float(end) - float(start)
     return dict(spent)
