@@ -20,8 +20,8 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
-from itertools import pairwise
 from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
 
 from tests.vm.harness import DEFAULT_DISKS, Vm, ensure_image, make_os_like_layout
