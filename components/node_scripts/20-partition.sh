@@ -13,6 +13,7 @@ settle
 changed=0 parts=()
 for disk in "${GS_DISKS[@]}"; do
   resolve_disk "$disk"
+  created=0
   scan_disk "$DISK_DEV" "$GS_PART_NAME"
   if [[ $SCAN_LABEL == unknown ]]; then
     sigs=$(wipefs -n --noheadings --output TYPE -- "$DISK_DEV")
@@ -32,7 +33,7 @@ for disk in "${GS_DISKS[@]}"; do
     ((TAIL_START >= 0 && end <= TAIL_END)) || die "$disk has no free region of $GS_PART_BYTES bytes after its last partition; lower storage.sizeGb"
     say "$disk: creating partition $GS_PART_NAME at bytes $start-$end"
     parted -s -a optimal "$DISK_DEV" unit B mkpart "$GS_PART_NAME" "${start}B" "${end}B"
-    changed=1
+    changed=1 created=1
     scan_disk "$DISK_DEV" "$GS_PART_NAME"
     [[ -n $PART_NUM ]] || die "parted did not create $GS_PART_NAME on $disk"
   fi
@@ -41,7 +42,8 @@ for disk in "${GS_DISKS[@]}"; do
     parted -s "$DISK_DEV" set "$PART_NUM" raid on
     changed=1
   fi
-  parted -s "$DISK_DEV" align-check optimal "$PART_NUM" >/dev/null || warn "$disk: partition $PART_NUM is not optimally aligned"
+  # Checked once, when created: an unchanged run re-reads nothing it does not need (parted is slow).
+  ((created == 0)) || parted -s "$DISK_DEV" align-check optimal "$PART_NUM" >/dev/null || warn "$disk: partition $PART_NUM is not optimally aligned"
   wait_part "$DISK_BASE" "$PART_NUM" "$DISK_DEV"
   parts+=("\"$PART_DEV\"")
 done

@@ -136,6 +136,7 @@ find_part() {
 wait_part() {
   local base=$1 num=$2 dev=$3 i
   part_dev "$base" "$num"
+  [[ -z $PART_DEV || ! -b $PART_DEV ]] || return 0
   if [[ -z $PART_DEV ]]; then
     partx -u "$dev" 2>/dev/null || partprobe "$dev" 2>/dev/null || true
   fi

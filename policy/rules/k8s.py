@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import posixpath
 import re
 import shlex
@@ -146,9 +147,16 @@ def mount_for(path: str, container: Mapping) -> Mapping | None:
 
 def argv(container: Mapping) -> list[str]:
     """command + args as tokens; a `sh -c "vllm serve ..."` string is split too."""
+    items = [*as_list(container.get("command")), *as_list(container.get("args"))]
+    return list(_tokens(tuple(str(item) for item in items)))
+
+
+# Several rules read each container's command line, and shlex is slow on the Jobs' scripts:
+# split each distinct command line once per process.
+@functools.lru_cache(maxsize=4096)
+def _tokens(items: tuple[str, ...]) -> tuple[str, ...]:
     tokens: list[str] = []
-    for item in list(as_list(container.get("command"))) + list(as_list(container.get("args"))):
-        text = str(item)
+    for text in items:
         if any(ch.isspace() for ch in text):
             try:
                 tokens.extend(shlex.split(text))
@@ -156,7 +164,7 @@ def argv(container: Mapping) -> list[str]:
                 tokens.extend(text.split())
         else:
             tokens.append(text)
-    return [_normalise_flag(t) for t in tokens]
+    return tuple(_normalise_flag(t) for t in tokens)
 
 
 def _normalise_flag(token: str) -> str:

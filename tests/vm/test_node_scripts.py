@@ -5,7 +5,7 @@ by the whole module and the tests build on each other, in file order:
 
     foreign data refused -> first run (killed once midway, then converging) -> second run changes
     nothing -> reboot keeps the name and the mount -> grow 2 GB -> 3 GB with data intact ->
-    runtime step (FAKE nvidia-ctk/containerd) -> delete scripts keep everything -> one disk
+    runtime step (FAKE nvidia-ctk/containerd, then FAKE k3s) -> delete scripts keep everything -> one disk
     missing: degraded, still mounted, health says so -> disk back: re-added.
 
 Scripts are sent exactly as pulumi_command sends `create`: the whole text as the SSH command, run
@@ -107,9 +107,16 @@ def vm_nodes(size_gb: int) -> list[dict[str, Any]]:
     return nodes
 
 
-def render_steps(size_gb: int, deployed: dict[str, Any] | None = None) -> dict[str, dict[str, str]]:
+def render_steps(size_gb: int, deployed: dict[str, Any] | None = None, runtime: str = "containerd") -> dict[str, dict[str, str]]:
     """{step: {"create", "delete"}} for the prod node pointed at the VM's disks, via the offline render."""
-    overrides = {"gpu-serving:nodes": json.dumps(vm_nodes(size_gb)), "gpu-serving:models": "[]"}
+    nodes = vm_nodes(size_gb)
+    nodes[0]["containerRuntime"] = runtime
+    overrides = {"gpu-serving:nodes": json.dumps(nodes), "gpu-serving:models": "[]"}
+    if runtime in ("k3s", "rke2"):  # neither makes the NVIDIA runtime the default: pods name the RuntimeClass
+        import yaml
+
+        cluster = yaml.safe_load((ROOT / "Pulumi.prod.yaml").read_text())["config"]["gpu-serving:cluster"]
+        overrides["gpu-serving:cluster"] = json.dumps({**cluster, "runtimeClassName": "nvidia"})
     render = run_program("prod", overrides=overrides, deployed=deployed)
     steps = {}
     for cmd in render.of_type("command:remote:Command"):
@@ -304,6 +311,40 @@ def test_runtime_step_with_fake_nvidia_ctk(vm, node):
     assert third_id != second_id
     assert report(run(vm, script).stdout)["result"] == "unchanged"
     assert vm.ssh(invocation).stdout.strip() == third_id
+
+
+FAKE_K3S_UNIT = "[Unit]\nDescription=fake k3s agent (tests)\n[Service]\nExecStart=/bin/sleep infinity\n"
+K3S_CONFIG = "/var/lib/rancher/k3s/agent/etc/containerd/config.toml"
+
+
+def test_runtime_step_for_k3s_with_fake_service(vm, node):
+    """FAKE k3s service and nvidia-container-runtime: the k3s branch restarts the agent only while
+    its generated containerd config lacks the nvidia runtime (k3s adds it itself at start)."""
+    script = render_steps(SIZE_B, runtime="k3s")["80-runtime"]["create"]
+    assert "GS_RUNTIME=k3s" in script and "GS_SET_AS_DEFAULT=false" in script
+    vm.ssh("rm -f /usr/bin/nvidia-container-runtime")
+    missing = run(vm, script, check=False)
+    assert missing.returncode == 1 and "nvidia-container-runtime is not installed" in missing.stderr
+
+    vm.put_file("#!/bin/sh\nexit 0\n", "/usr/bin/nvidia-container-runtime", "0755")
+    vm.put_file(FAKE_K3S_UNIT, "/etc/systemd/system/k3s-agent.service")
+    vm.put_file('version = 2\n[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]\n', K3S_CONFIG)
+    vm.ssh("systemctl daemon-reload && systemctl start k3s-agent")
+    invocation = "systemctl show -p InvocationID --value k3s-agent"
+    before = vm.ssh(invocation).stdout.strip()
+    first = report(run(vm, script).stdout)
+    assert first == {"step": "runtime", "result": "changed", "runtime": "k3s", "setAsDefault": False}
+    restarted = vm.ssh(invocation).stdout.strip()
+    assert restarted != before
+
+    # What k3s writes once it has seen nvidia-container-runtime at start.
+    generated = '[plugins."io.containerd.grpc.v1.cri".containerd.runtimes."nvidia"]\n  runtime_type = "io.containerd.runc.v2"\n'
+    vm.put_file(generated, K3S_CONFIG)
+    again = report(run(vm, script).stdout)
+    assert again["result"] == "unchanged"
+    assert vm.ssh(invocation).stdout.strip() == restarted
+    vm.ssh("systemctl stop k3s-agent && rm -rf /etc/systemd/system/k3s-agent.service /var/lib/rancher /usr/bin/nvidia-container-runtime"
+           " && systemctl daemon-reload")
 
 
 def test_delete_scripts_keep_everything(vm, node):
