@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +21,9 @@ def test_quick_bench_writes_its_tables_and_chart(tmp_path: Path) -> None:
     assert "| 1 × 1 |" in report and "| 10 × 8 |" in report
     assert "**0** of" in report  # two renders of prod do not differ
     assert (tmp_path / "benchmarks-scaling.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # The profile of the largest stack splits all of its time between the groups.
+    shares = [int(share) for share in re.findall(r"^\| [^|]+ \| (\d+)% \|$", report, flags=re.MULTILINE)]
+    assert len(shares) == 7 and 97 <= sum(shares) <= 103
 
 
 def test_generated_stacks_are_valid_configs() -> None:
