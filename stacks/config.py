@@ -646,9 +646,11 @@ def refuse_shrinking(stack: StackConfig, deployed_nodes: Mapping[str, Any]) -> N
     `deployed_nodes` is the stack output `nodes` of the previous run (`GpuNode.outputs` by node
     name). Partitions of another array or on other disks are not compared: nothing shrinks there.
     """
+    if not isinstance(deployed_nodes, Mapping):
+        return  # not what GpuNode exports: nothing to compare with
     for i, node in enumerate(stack.nodes):
         storage = node.storage
-        before = deployed_nodes.get(node.name) if isinstance(deployed_nodes, Mapping) else None
+        before = deployed_nodes.get(node.name)
         if storage is None or not node.prepares_disks or not isinstance(before, Mapping):
             continue
         deployed_bytes = before.get("partitionBytes")

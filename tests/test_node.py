@@ -361,6 +361,23 @@ def test_degraded_health_is_an_output_and_a_warning():
     assert gpunode.health_warning(node.name, {**out, "health": "clean"}) is None
 
 
+def warning_logger(name: str) -> tuple[Any, list[str]]:
+    """A logger for `set_mocks` that keeps the messages of warnings and worse in the returned list."""
+    import logging
+
+    warnings: list[str] = []
+
+    class Capture(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.levelno >= logging.WARNING:
+                warnings.append(record.getMessage())
+
+    logger = logging.getLogger(name)
+    logger.propagate = False
+    logger.addHandler(Capture())
+    return logger, warnings
+
+
 def test_degraded_stdout_warns_through_the_component():
     """A real GpuNode under mocks whose health Command returns a degraded report."""
     import pulumi
@@ -368,7 +385,6 @@ def test_degraded_stdout_warns_through_the_component():
     from stacks.config import parse as parse_config
 
     config = parse_config(parse_raw())
-    warnings: list[str] = []
 
     class Mocks(pulumi.runtime.Mocks):
         def new_resource(self, args):
@@ -380,16 +396,7 @@ def test_degraded_stdout_warns_through_the_component():
         def call(self, args):
             return {}, None
 
-    import logging
-
-    class Capture(logging.Handler):
-        def emit(self, record):
-            if record.levelno >= logging.WARNING:
-                warnings.append(record.getMessage())
-
-    logger = logging.getLogger("test-node-health")
-    logger.propagate = False
-    logger.addHandler(Capture())
+    logger, warnings = warning_logger("test-node-health")
     pulumi.runtime.set_mocks(Mocks(), project="gpu-serving", stack="test", preview=False, logger=logger)
     pulumi.runtime.set_all_config({"gpu-serving:sshPrivateKey": "k"}, ["gpu-serving:sshPrivateKey"])
     node = gpunode.GpuNode(NODE, gpunode.GpuNodeArgs(node=config.nodes[0], cluster=config.cluster, private_key="k"))
@@ -473,8 +480,6 @@ def test_sizes_that_do_not_shrink_the_deployed_partitions_render(size_gb, output
 def deployed_outputs_when(answer) -> tuple[dict[str, Any], list[str], Any]:
     """`stacks.deployed_outputs()` under mocks whose engine answers the stack read with `answer(name)`:
     (outputs, warnings, the RPC manager's unhandled exception)."""
-    import logging
-
     import pulumi
     from pulumi.runtime.settings import _get_rpc_manager
     from pulumi.runtime.stack import wait_for_rpcs
@@ -489,16 +494,7 @@ def deployed_outputs_when(answer) -> tuple[dict[str, Any], list[str], Any]:
         def call(self, args):
             return answer(args.args["name"])
 
-    warnings: list[str] = []
-
-    class Capture(logging.Handler):
-        def emit(self, record):
-            if record.levelno >= logging.WARNING:
-                warnings.append(record.getMessage())
-
-    logger = logging.getLogger(f"test-deployed-{id(answer)}")
-    logger.propagate = False
-    logger.addHandler(Capture())
+    logger, warnings = warning_logger(f"test-deployed-{id(answer)}")
     pulumi.runtime.set_mocks(Engine(), project="gpu-serving", stack="prod", preview=True, logger=logger, organization="acme")
     outputs = stacks.deployed_outputs()
     _sync_await(wait_for_rpcs(await_all_outstanding_tasks=True))

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from pathlib import Path
 
+from components.node import parse_report
 from tests.vm.harness import DEFAULT_DISKS, Vm, ensure_image, make_os_like_layout
 from tools.render import ROOT, node_scripts, run_program
 
@@ -47,7 +48,6 @@ class Measured:
     written: list[str] = field(default_factory=list)
     profile: dict[str, float] = field(default_factory=dict)
     """Seconds of the re-run spent per command word (the traced steps, login excluded)."""
-    python: str = ""
 
 
 def steps() -> dict[str, str]:
@@ -61,11 +61,6 @@ def timed(vm: Vm, script: str) -> tuple[float, str]:
     start = time.perf_counter()
     result = vm.ssh(script, timeout=1800)
     return time.perf_counter() - start, result.stdout
-
-
-def last_result(stdout: str) -> str:
-    match = re.findall(r'"result":"([a-z]+)"', stdout)
-    return match[-1] if match else "?"
 
 
 def traced(script: str, trace_file: str = TRACE_FILE) -> str:
@@ -85,7 +80,7 @@ def profile(trace: str) -> dict[str, float]:
 
 
 def measure(vm: Vm, scripts: dict[str, str]) -> Measured:
-    result = Measured(python=sys.version.split()[0])
+    result = Measured()
     make_os_like_layout(vm)
     for name, script in scripts.items():
         result.first[name], _ = timed(vm, script)
@@ -93,9 +88,8 @@ def measure(vm: Vm, scripts: dict[str, str]) -> Measured:
     vm.ssh(f"sync && touch {MARKER} && sleep 1.1")
     for name, script in scripts.items():
         result.rerun[name], stdout = timed(vm, script)
-        result.results[name] = last_result(stdout)
-    found = vm.ssh(f"sync; find / /boot /mnt/models -xdev -newer {MARKER} -type f 2>/dev/null | sort -u").stdout.split()
-    result.written = found
+        result.results[name] = (parse_report(stdout) or {}).get("result", "?")
+    result.written = vm.ssh(f"sync; find / /boot /mnt/models -xdev -newer {MARKER} -type f 2>/dev/null | sort -u").stdout.split()
     totals: dict[str, float] = defaultdict(float)
     for script in scripts.values():
         vm.ssh(traced(script), timeout=1800)

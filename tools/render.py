@@ -176,6 +176,8 @@ def run_program(stack: str, root: Path = ROOT, overrides: dict[str, str] | None 
     from pulumi.runtime.stack import wait_for_rpcs
     from pulumi.runtime.sync_await import _sync_await
 
+    from stacks import READ_STACK_OUTPUTS
+
     project, values, secrets = stack_config(stack, root, stack_file)
     values.update(overrides or {})
     for key, value in (secret_values or {}).items():
@@ -191,7 +193,7 @@ def run_program(stack: str, root: Path = ROOT, overrides: dict[str, str] | None 
             return f"{args.name}-id", dict(args.inputs)
 
         def call(self, args: pulumi.runtime.MockCallArgs) -> tuple[dict[str, Any], list[Any]]:
-            if args.token == "pulumi:pulumi:readStackOutputs":
+            if args.token == READ_STACK_OUTPUTS:
                 render.stack_reads.append(args.args["name"])
                 return {"name": args.args["name"], "outputs": deployed or {}, "secretOutputNames": []}, []
             return {}, []
