@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STACK ?= prod
 STAMP := $(VENV)/.installed
 
-.PHONY: help venv render test test-vm lint policy-check diff checkov lab-vm lab-vm-stop bench bench-vm clean
+.PHONY: help venv render test test-vm lint policy-check diff checkov lab-vm lab-vm-stop bench bench-vm bench-engine engine e2e clean
 
 help:
 	@echo "make render [STACK=prod]   render the stack offline into rendered/<stack>/ (DEPLOYED=outputs.json: against a deployed stack)"
@@ -18,6 +18,9 @@ help:
 	@echo "make lab-vm / lab-vm-stop  the lab stack's node: a throwaway VM on 127.0.0.1:2222"
 	@echo "make bench                 benchmarks into docs/BENCHMARKS.md"
 	@echo "make bench-vm              node-step benchmark on a throwaway VM (slow; make bench includes it)"
+	@echo "make engine                build the real Pulumi CLI and plugins from pinned Go modules (cached)"
+	@echo "make e2e                   preview, up, grow, destroy under the real engine, lab VM as the node"
+	@echo "make bench-engine          real-engine benchmark: preview and no-op up against a bare program (make bench includes it)"
 
 venv: $(STAMP)
 
@@ -36,11 +39,11 @@ test-vm: $(STAMP)
 	bash tests/vm/install-host-deps.sh
 	GS_VM_TESTS=1 $(PY) -m pytest -q tests/vm
 
-SHELL_SCRIPTS = $(wildcard components/node_scripts/*.sh tests/vm/*.sh .ci/run)
+SHELL_SCRIPTS = $(wildcard components/node_scripts/*.sh tests/vm/*.sh tools/engine/*.sh .ci/run)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/shellcheck $(SHELL_SCRIPTS)
+	$(VENV)/bin/shellcheck -x $(SHELL_SCRIPTS)
 	$(VENV)/bin/yamllint -s Pulumi.yaml Pulumi.*.yaml
 
 # checkov's dependencies conflict with pulumi's: it gets a venv of its own.
@@ -75,6 +78,19 @@ bench: $(STAMP)
 bench-vm: $(STAMP)
 	bash tests/vm/install-host-deps.sh
 	$(PY) -m tools.bench_node
+
+# The real engine: built once per set of pinned versions into ~/.cache/gpu-serving/engine/,
+# installed into ./.pulumi-home. A warm cache makes this a few seconds.
+engine:
+	bash tools/engine/build.sh
+
+e2e: $(STAMP) engine
+	bash tests/vm/install-host-deps.sh
+	$(PY) -m tools.e2e
+
+bench-engine: $(STAMP) engine
+	bash tests/vm/install-host-deps.sh
+	$(PY) -m tools.bench_engine
 
 clean:
 	rm -rf rendered .pytest_cache

@@ -50,8 +50,9 @@ services = [
             cluster=config.cluster,
             claim_name=model_storage.claim_name,
             storage_is_local=config.model_storage.type == "local",
-            hf_token=stacks.secret(config.hf_token_secret),
-            api_key=stacks.secret(model.api_key_secret) if model.api_key_secret else None,
+            # A stack that renders YAML writes no Secret: its values would be plain text in the files.
+            hf_token=stacks.secret(config.hf_token_secret) if config.writes_secrets else None,
+            api_key=stacks.secret(model.api_key_secret) if model.api_key_secret and config.writes_secrets else None,
         ),
         opts=kubernetes,
     )

@@ -15,8 +15,12 @@ PART_OF = {"app.kubernetes.io/part-of": "gpu-serving", "app.kubernetes.io/manage
 
 
 def kubernetes_provider(cluster: ClusterConfig) -> k8s.Provider:
-    """Always an explicit provider: a stack never deploys to whatever the ambient kubeconfig points at."""
+    """Always an explicit provider: a stack never deploys to whatever the ambient kubeconfig points at.
+    With `renderYamlTo` the provider writes YAML into that folder and talks to no cluster."""
+    if cluster.render_yaml_to is not None:
+        return k8s.Provider("kubernetes", render_yaml_to_directory=cluster.render_yaml_to, namespace=cluster.namespace)
     source = cluster.kubeconfig
+    assert source is not None  # the config requires one of the two
     kubeconfig = stacks.secret(source.secret) if source.secret else source.path
     return k8s.Provider(
         "kubernetes",

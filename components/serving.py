@@ -113,7 +113,8 @@ class VllmServiceArgs:
     """The shared model volume's claim (ModelStorage.claim_name)."""
     storage_is_local: bool
     """Node-local storage lives on a (tainted) GPU node: the download Job must tolerate the taint."""
-    hf_token: pulumi.Input[str]
+    hf_token: pulumi.Input[str] | None
+    """None when the stack renders YAML: the Secret is then left to the cluster (see `credentials_note`)."""
     api_key: pulumi.Input[str] | None = None
 
 
@@ -649,6 +650,18 @@ def adapter_rules() -> str:
     return yaml.safe_dump({"rules": [rule]}, sort_keys=False, width=200)
 
 
+def credentials_note(model: Model, namespace: str) -> str:
+    """What to create by hand when the stack renders YAML: the provider would write the Secret's
+    values in plain text into the folder that Argo CD or Flux reads (and teams commit)."""
+    keys = "hf-token" + (", api-key" if model.api_key_secret else "")
+    files = "--from-file=hf-token=hf-token.txt" + (" --from-file=api-key=api-key.txt" if model.api_key_secret else "")
+    return (
+        f"renderYamlTo: Secret {namespace}/{secret_name(model)} (keys {keys}) is not written, its values would be plain "
+        f"text in the YAML; create it in the cluster (sealed-secrets, external-secrets, or "
+        f"`kubectl -n {namespace} create secret generic {secret_name(model)} {files}`)"
+    )
+
+
 def needs_adapter_rules(cluster: ClusterConfig, models: list[Model]) -> bool:
     return any(autoscaler(cluster, m) == "hpa" for m in models)
 
@@ -676,12 +689,17 @@ class VllmService(pulumi.ComponentResource):
             return k8s.meta.v1.ObjectMetaArgs(name=object_name, namespace=namespace, labels=labels(model, component))
 
         child = pulumi.ResourceOptions(parent=self)
-        string_data: dict[str, pulumi.Input[str]] = {"hf-token": args.hf_token}
-        if args.api_key is not None:
-            string_data["api-key"] = args.api_key
-        secret = k8s.core.v1.Secret(
-            f"{name}-secrets", metadata=meta(secret_name(model), "credentials"), type="Opaque", string_data=string_data, opts=child
-        )
+        uses_api_key = model.api_key_secret is not None
+        secrets: list[pulumi.Resource] = []
+        if args.hf_token is None:
+            pulumi.log.warn(credentials_note(model, namespace), resource=self)
+        else:
+            string_data: dict[str, pulumi.Input[str]] = {"hf-token": args.hf_token}
+            if args.api_key is not None:
+                string_data["api-key"] = args.api_key
+            secrets.append(k8s.core.v1.Secret(
+                f"{name}-secrets", metadata=meta(secret_name(model), "credentials"), type="Opaque", string_data=string_data, opts=child
+            ))
 
         pull_and_download = IMAGE_PULL_S + download_deadline_seconds(model.weights_gb)
         job = k8s.batch.v1.Job(
@@ -690,7 +708,7 @@ class VllmService(pulumi.ComponentResource):
             spec=job_spec(model, cluster, args.claim_name, args.storage_is_local),
             opts=pulumi.ResourceOptions(
                 parent=self,
-                depends_on=[secret],
+                depends_on=secrets,
                 # Any other change to an immutable Job replaces it under the same name.
                 delete_before_replace=True,
                 # Pulumi waits for completion (the Deployment must not start before the files exist).
@@ -702,10 +720,10 @@ class VllmService(pulumi.ComponentResource):
         deployment = k8s.apps.v1.Deployment(
             f"{name}-deployment",
             metadata=meta(base, "inference-server"),
-            spec=deployment_spec(model, cluster, args.claim_name, args.api_key is not None),
+            spec=deployment_spec(model, cluster, args.claim_name, uses_api_key),
             opts=pulumi.ResourceOptions(
                 parent=self,
-                depends_on=[job, secret],
+                depends_on=[job, *secrets],
                 custom_timeouts=pulumi.CustomTimeouts(create=rollout, update=rollout),
             ),
         )
@@ -732,7 +750,7 @@ class VllmService(pulumi.ComponentResource):
             k8s.batch.v1.Job(
                 f"{name}-smoke-test",
                 metadata=meta(smoke_job_name(model), "smoke-test"),
-                spec=smoke_job_spec(model, namespace, args.api_key is not None),
+                spec=smoke_job_spec(model, namespace, uses_api_key),
                 opts=pulumi.ResourceOptions(
                     parent=self,
                     depends_on=[deployment, service],

@@ -41,7 +41,7 @@ def persistent_volume_spec(args: ModelStorageArgs) -> k8s.core.v1.PersistentVolu
         access_modes=[access_mode(storage)],
         # Retain: deleting the claim (or the stack) leaves the volume, and so the model files.
         persistent_volume_reclaim_policy="Retain",
-        storage_class_name="",
+        # No class (not ""): the same to the binder, and what the API server and the provider write back.
         claim_ref=k8s.core.v1.ObjectReferenceArgs(namespace=args.namespace, name=storage.name),
         volume_mode="Filesystem",
     )

@@ -125,8 +125,11 @@ class Cluster(_Model):
     """Namespace of every model object (Secret, Jobs, Deployment, Service, Ingress, autoscaler, claim)."""
     create_namespace: bool = True
     """Create the namespace (kept when the stack is deleted); false if it is managed elsewhere."""
-    kubeconfig: Kubeconfig
-    """Which cluster the explicit Kubernetes provider talks to."""
+    kubeconfig: Kubeconfig | None = None
+    """Which cluster the explicit Kubernetes provider talks to; required unless `renderYamlTo` is set."""
+    render_yaml_to: str | None = Field(None, min_length=1, pattern=r"^[^~]")
+    """Folder where `pulumi up` writes every Kubernetes object as YAML (for Argo CD or Flux) instead of
+    applying it; no cluster is contacted, and no Secret is written. Absolute, or relative to the project folder."""
     ingress_class: K8sName = "nginx"
     """`ingressClassName` of every model Ingress; the nginx annotations assume ingress-nginx."""
     cluster_issuer: K8sName | None = None
@@ -145,6 +148,14 @@ class Cluster(_Model):
     """RuntimeClass of GPU pods (e.g. `nvidia`) when the NVIDIA runtime is not the node's default."""
     prometheus_url: str = Field("http://prometheus-operated.monitoring.svc:9090", pattern=r"^https?://[A-Za-z0-9.:_\[\]-]+(/[A-Za-z0-9._~/-]*)?$")
     """Prometheus that KEDA queries for the vLLM queue length (autoscaling `keda`)."""
+
+    @model_validator(mode="after")
+    def _one_target(self) -> Cluster:
+        if self.render_yaml_to is not None and self.kubeconfig is not None:
+            raise _at("cluster.kubeconfig", "drop it: `cluster.renderYamlTo` writes YAML and talks to no cluster")
+        if self.render_yaml_to is None and self.kubeconfig is None:
+            raise _at("cluster.kubeconfig", "required key is missing (or set `cluster.renderYamlTo` to write YAML instead of applying it)")
+        return self
 
 
 # ---------------------------------------------------------------------------- nodes
@@ -607,14 +618,20 @@ class StackConfig(_Model):
             return usable_gib(node.storage.size_gb)
         return storage.size_gi
 
+    @property
+    def writes_secrets(self) -> bool:
+        """Whether the stack creates Kubernetes Secrets: not when it renders YAML, where the
+        provider would write their values in plain text."""
+        return self.cluster.render_yaml_to is None
+
     def secret_keys(self) -> list[str]:
         """Every secret config key this stack reads, in a stable order."""
-        keys = [self.hf_token_secret] if self.models else []
-        if self.cluster.kubeconfig.secret:
+        keys = [self.hf_token_secret] if self.models and self.writes_secrets else []
+        if self.cluster.kubeconfig and self.cluster.kubeconfig.secret:
             keys.append(self.cluster.kubeconfig.secret)
         for node in self.nodes:
             keys += [k for k in (node.ssh.private_key_secret, node.ssh.host_key_secret) if k]
-        keys += [m.api_key_secret for m in self.models if m.api_key_secret]
+        keys += [m.api_key_secret for m in self.models if m.api_key_secret and self.writes_secrets]
         return list(dict.fromkeys(keys))
 
 

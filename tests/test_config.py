@@ -102,7 +102,8 @@ BAD_INPUTS = [
     ("cluster.kubeconfig", {}, "cluster.kubeconfig", "exactly one"),
     ("cluster.kubeconfig", {"path": "a", "secret": "b"}, "cluster.kubeconfig", "exactly one"),
     ("cluster.kubeconfig", {"path": "~/.kube/config"}, "cluster.kubeconfig.path", "got '~/.kube/config'"),
-    ("cluster.kubeconfig", DELETE, "cluster.kubeconfig", "required"),
+    ("cluster.kubeconfig", DELETE, "cluster.kubeconfig", "renderYamlTo"),
+    ("cluster.renderYamlTo", "out/yaml", "cluster.kubeconfig", "talks to no cluster"),
     ("cluster.autoscaling", "cpu", "cluster.autoscaling", "'hpa', 'keda' or 'none'"),
     ("cluster.gpuTaint", {"key": "nvidia.com/gpu", "effect": "Sometimes"}, "cluster.gpuTaint.effect", "NoSchedule"),
     ("cluster.ingressClas", "nginx", "cluster.ingressClas", "unknown key"),
@@ -222,3 +223,18 @@ def test_every_config_key_is_documented() -> None:
 
     undocumented = [row.split("|")[1].strip() for row in reference().splitlines()[2:] if row.split("|")[4].strip() == ""]
     assert undocumented == []
+
+
+def test_project_config_schema_agrees_with_the_models() -> None:
+    # The CLI refuses a stack that lacks a key Pulumi.yaml declares without a default, before the
+    # program runs: a key optional in the models must carry the models' own default there.
+    schema = yaml.safe_load((ROOT / "Pulumi.yaml").read_text())["config"]
+    fields = {info.alias: info for info in StackConfig.model_fields.values()}
+    for key, declared in schema.items():
+        info = fields[key.split(":", 1)[1]]
+        if info.is_required():
+            assert "default" not in declared, key
+        else:
+            assert "default" in declared, f"{key} is optional in the config models: give it their default"
+            assert declared["default"] == info.get_default(call_default_factory=True), key
+    assert sorted(k.split(":", 1)[1] for k in schema) == sorted(fields)

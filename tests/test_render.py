@@ -107,6 +107,27 @@ def test_every_kubernetes_object_is_named_and_uses_the_explicit_provider(prod: R
     assert providers[0].inputs.get("context") == "prod"
 
 
+def test_render_yaml_to_needs_no_cluster(render) -> None:  # type: ignore[no-untyped-def]
+    result = render(cluster={"namespace": "ai", "renderYamlTo": "out/yaml"})
+    [provider] = result.of_type("pulumi:providers:kubernetes")
+    assert provider.inputs["renderYamlToDirectory"] == "out/yaml"
+    assert "kubeconfig" not in provider.inputs
+    assert result.of_type("kubernetes:apps/v1:Deployment"), "objects are still declared, on the rendering provider"
+
+
+def test_render_yaml_to_writes_no_secret_and_says_what_to_create(render) -> None:  # type: ignore[no-untyped-def]
+    # The provider writes secret values in plain text into the folder: the Secret is left to the cluster.
+    result = render(cluster={"namespace": "ai", "renderYamlTo": "out/yaml"})
+    assert not result.of_type("kubernetes:core/v1:Secret")
+    assert "hfToken" not in result.config.secret_keys()
+    [warning] = [w for w in result.warnings if "renderYamlTo" in w]
+    assert "Secret ai/vllm-qwen3-secrets (keys hf-token)" in warning
+    assert "kubectl -n ai create secret generic vllm-qwen3-secrets --from-file=hf-token=hf-token.txt" in warning
+    [deployment] = result.of_type("kubernetes:apps/v1:Deployment")
+    env = deployment.inputs["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert {"name": "vllm-qwen3-secrets", "key": "hf-token"} in [e.get("valueFrom", {}).get("secretKeyRef") for e in env]
+
+
 def test_components_have_the_project_type_tokens(prod: Render) -> None:
     components = {r.type for r in prod.resources if not r.custom}
     assert "gpu-serving:storage:ModelStorage" in components

@@ -18,6 +18,7 @@ def test_local_pv_is_pinned_retained_and_sized_from_the_partition(prod: Render) 
     expression = spec["nodeAffinity"]["required"]["nodeSelectorTerms"][0]["matchExpressions"][0]
     assert expression == {"key": "kubernetes.io/hostname", "operator": "In", "values": ["k8s-worker-02"]}
     assert spec["claimRef"] == {"namespace": "ai", "name": "models"}
+    assert "storageClassName" not in spec
 
 
 def test_claim_binds_the_pv_by_name(prod: Render) -> None:

@@ -198,7 +198,7 @@ def chart(rows: list[dict[str, Any]], path: Path) -> None:
 
 
 def markdown(floor: Run, prod: Run, modules: int, rows: list[dict[str, Any]], differing: int, compared: int, runs: int,
-             chart_name: str, node_steps: str, profiled: float, parts: list[tuple[str, float]]) -> str:
+             chart_name: str, node_steps: str, profiled: float, parts: list[tuple[str, float]], engine: str) -> str:
     base = rows[0]
     largest = rows[-1]
     lines = [
@@ -257,12 +257,18 @@ def markdown(floor: Run, prod: Run, modules: int, rows: list[dict[str, Any]], di
         f"Two renders of the prod stack: **{differing}** of {compared} resources have different inputs (target 0). Any "
         "difference would re-run a node Command or update an object at every `pulumi up`.",
         "",
+        "## 5. Under the real engine",
+        "",
+        engine,
+        "",
     ]
     return "\n".join(lines)
 
 
 NODE_STEPS = ROOT / "docs" / "benchmarks-node-steps.md"
 NODE_STEPS_PENDING = "Not measured yet: run `make bench-vm` (boots the test VM, ~5 min), then `make bench`."
+ENGINE = ROOT / "docs" / "benchmarks-engine.md"
+ENGINE_PENDING = "Not measured yet: run `make engine` and `make bench-engine` (boots the lab VM), then `make bench`."
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -271,6 +277,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "docs", help="folder for BENCHMARKS.md and the chart")
     parser.add_argument("--node-steps", type=Path, default=NODE_STEPS,
                         help="markdown with the VM node-step figures to include (written by `make bench-vm`)")
+    parser.add_argument("--engine", type=Path, default=ENGINE,
+                        help="markdown with the real-engine figures to include (written by `make bench-engine`)")
     args = parser.parse_args(argv)
     runs = 2 if args.quick else 5
     scales = QUICK_SCALES if args.quick else SCALES
@@ -288,7 +296,8 @@ def main(argv: list[str] | None = None) -> int:
     chart_name = "benchmarks-scaling.png"
     chart(rows, args.out / chart_name)
     node_steps = args.node_steps.read_text().strip() if args.node_steps.exists() else NODE_STEPS_PENDING
-    report = markdown(floor, prod, len(modules), rows, differing, compared, runs, chart_name, node_steps, profiled, parts)
+    engine = args.engine.read_text().strip() if args.engine.exists() else ENGINE_PENDING
+    report = markdown(floor, prod, len(modules), rows, differing, compared, runs, chart_name, node_steps, profiled, parts, engine)
     (args.out / "BENCHMARKS.md").write_text(report)
     print(f"wrote {args.out / 'BENCHMARKS.md'}: render {prod.seconds / floor.seconds:.2f}× the floor, "
           f"largest stack {rows[-1]['seconds'] / rows[0]['seconds']:.2f}× the smallest, {differing} differing resources")

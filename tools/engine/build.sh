@@ -1,0 +1,180 @@
+#!/usr/bin/env bash
+# make engine: build the real Pulumi engine (CLI, Python language host, kubernetes and command
+# providers) from pinned Go modules, cache the binaries outside the repo, and install them into the
+# project-local PULUMI_HOME (.pulumi-home/). A warm cache makes this a few seconds of checks.
+#
+# Where the module proxy serves no version of a piece (see versions.env), its source comes from
+# git at the pinned tag, checked against the pinned commit:
+#   GS_PULUMI_GIT          pulumi/pulumi          (default https://github.com/pulumi/pulumi.git)
+#   GS_PULUMI_COMMAND_GIT  pulumi/pulumi-command  (default https://github.com/pulumi/pulumi-command.git)
+# Each may be a URL or a local clone (bare or not). Fetched sources are kept in the cache too.
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=tools/engine/env.sh
+source "$here/env.sh"
+
+: "${GS_PULUMI_GIT:=https://github.com/pulumi/pulumi.git}"
+: "${GS_PULUMI_COMMAND_GIT:=https://github.com/pulumi/pulumi-command.git}"
+
+export GOMODCACHE="$GS_CACHE/go/mod" GOCACHE="$GS_CACHE/go/build" GOFLAGS=-buildvcs=false
+export CGO_ENABLED=0 GOTOOLCHAIN=local
+src_cache="$GS_CACHE/src"
+work=$(mktemp -d)
+trap 'chmod -R u+w "$work" 2>/dev/null; rm -rf "$work"' EXIT
+
+log() { printf '== engine: %s\n' "$*" >&2; }
+die() { printf 'engine: %s\n' "$*" >&2; exit 1; }
+
+command -v go >/dev/null || die "go is not installed (Go >= 1.26 builds the engine)"
+
+# git_tree URL_OR_DIR TAG COMMIT DEST SUBDIR...: DEST gets the SUBDIRs of TAG (no tests, no test
+# data), after checking that TAG is COMMIT. The files are cached by commit, so a rebuild needs no
+# git source.
+git_tree() {
+	local source=$1 tag=$2 commit=$3 dest=$4
+	shift 4
+	local tarball
+	tarball="$src_cache/$commit-$(IFS=_; echo "$*").tar"
+	if [[ ! -s $tarball ]]; then
+		local gitdir=$source
+		[[ -d $source/.git ]] && gitdir=$source/.git
+		if [[ ! -d $source ]]; then
+			log "cloning $source at $tag"
+			gitdir="$work/clone-$commit"
+			git clone --quiet --bare --depth 1 --branch "$tag" "$source" "$gitdir" ||
+				die "cannot clone $source at $tag: set GS_PULUMI_GIT / GS_PULUMI_COMMAND_GIT to a reachable clone"
+		fi
+		local got
+		got=$(git --git-dir="$gitdir" rev-parse --verify --quiet "$tag^{commit}") || die "$source has no tag $tag"
+		[[ $got == "$commit" ]] || die "$source: tag $tag is $got, pinned $commit"
+		local files="$work/files-$commit" stage="$work/stage-$commit"
+		git --git-dir="$gitdir" ls-tree -r --format='%(objectname) %(path)' "$commit" -- "$@" |
+			grep -v -e '/testdata/' -e '_test\.go$' >"$files"
+		# Mirrors may lack large blobs the build never reads (vendored JS); leave out what is absent.
+		cut -d' ' -f1 "$files" | git --git-dir="$gitdir" cat-file --batch-check |
+			awk '$2 == "missing" { print $1 }' >"$files.missing"
+		mkdir -p "$stage" "$src_cache"
+		GIT_INDEX_FILE="$work/index-$commit" git --git-dir="$gitdir" read-tree "$commit"
+		grep -v -F -f "$files.missing" "$files" | cut -d' ' -f2- | tr '\n' '\0' |
+			GIT_INDEX_FILE="$work/index-$commit" git --git-dir="$gitdir" --work-tree="$stage" checkout-index -z --stdin
+		tar -C "$stage" -cf "$tarball.tmp" .
+		mv "$tarball.tmp" "$tarball"
+	fi
+	mkdir -p "$dest"
+	tar -x -C "$dest" -f "$tarball"
+}
+
+# wrapper DIR MODULE@VERSION [REPLACE...]: a module that requires MODULE, so its main package
+# builds with published versions in place of the module's own relative replace lines.
+wrapper() {
+	local dir=$1 require=$2
+	shift 2
+	mkdir -p "$dir"
+	(
+		cd "$dir"
+		go mod init wrapper >/dev/null 2>&1
+		local r
+		for r in "$@"; do go mod edit -replace "$r"; done
+		go mod edit -require "$require"
+	)
+}
+
+build_cli() {
+	local out=$1 dir="$work/cli"
+	log "pulumi CLI v$PULUMI_VERSION"
+	wrapper "$dir" "github.com/pulumi/pulumi/pkg/v3@v$PULUMI_VERSION" \
+		"github.com/atotto/clipboard=github.com/tgummerer/clipboard@v0.0.0-20241001131231-d02d263e614e"
+	(
+		cd "$dir"
+		go mod edit -require "github.com/pulumi/pulumi/sdk/v3@v$PULUMI_VERSION"
+		printf '//go:build tools\n\npackage wrapper\n\nimport _ "github.com/pulumi/pulumi/pkg/v3/cmd/pulumi"\n' >tools.go
+		go mod tidy
+		go build -trimpath -o "$out/pulumi" \
+			-ldflags "-s -w -X github.com/pulumi/pulumi/sdk/v3/go/common/version.Version=v$PULUMI_VERSION" \
+			github.com/pulumi/pulumi/pkg/v3/cmd/pulumi
+	)
+}
+
+build_python_host() {
+	local out=$1 dir="$work/pulumi"
+	log "python language host $PYTHON_HOST_TAG"
+	git_tree "$GS_PULUMI_GIT" "$PYTHON_HOST_TAG" "$PYTHON_HOST_COMMIT" "$dir" pkg sdk
+	(
+		cd "$dir/sdk/python/cmd/pulumi-language-python"
+		go build -trimpath -o "$out/pulumi-language-python" \
+			-ldflags "-s -w -X github.com/pulumi/pulumi/sdk/v3/go/common/version.Version=$PYTHON_HOST_TAG" .
+	)
+	# The host refuses to start unless its exec shim lies beside it.
+	install -m 0755 "$dir/sdk/python/cmd/pulumi-language-python-exec" "$out/pulumi-language-python-exec"
+}
+
+build_kubernetes() {
+	local out=$1 dir="$work/kubernetes"
+	local module=github.com/pulumi/pulumi-kubernetes/provider/v4
+	log "kubernetes provider v$KUBERNETES_VERSION ($KUBERNETES_MODULE_VERSION)"
+	local zipdir
+	zipdir=$(cd "$work" && go mod download -json "$module@$KUBERNETES_MODULE_VERSION" | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')
+	[[ -d $zipdir ]] || die "module $module@$KUBERNETES_MODULE_VERSION not downloaded"
+	# A writable copy: main.go embeds files that generate.go writes, and go.mod points sdk/v4 at ../sdk.
+	cp -r "$zipdir" "$dir"
+	chmod -R u+w "$dir"
+	(
+		cd "$dir"
+		go mod edit -replace "github.com/pulumi/pulumi-kubernetes/sdk/v4=github.com/pulumi/pulumi-kubernetes/sdk/v4@v$KUBERNETES_VERSION"
+		go mod tidy
+		cd cmd/pulumi-resource-kubernetes
+		VERSION="v$KUBERNETES_VERSION" go run generate.go schema.json "v$KUBERNETES_VERSION"
+		[[ -s schema-embed.json && -s terraform-mapping-embed.json ]] || die "generate.go wrote no embedded schema"
+		go build -trimpath -o "$out/pulumi-resource-kubernetes" \
+			-ldflags "-s -w -X $module/pkg/version.Version=v$KUBERNETES_VERSION" .
+	)
+}
+
+build_command() {
+	local out=$1 dir="$work/command"
+	log "command provider v$COMMAND_VERSION"
+	git_tree "$GS_PULUMI_COMMAND_GIT" "v$COMMAND_VERSION" "$COMMAND_COMMIT" "$dir" provider
+	(
+		cd "$dir/provider"
+		go build -trimpath -o "$out/pulumi-resource-command" \
+			-ldflags "-s -w -X github.com/pulumi/pulumi-command/provider/pkg/version.Version=v$COMMAND_VERSION" \
+			./cmd/pulumi-resource-command
+	)
+}
+
+# build NAME BINARY FUNCTION: run FUNCTION unless BINARY is cached; record its build time.
+build() {
+	local name=$1 binary=$2 fn=$3
+	[[ -x $GS_ENGINE/bin/$binary ]] && return 0
+	local staging="$work/out-$name" start=$SECONDS
+	mkdir -p "$staging" "$GS_ENGINE/bin"
+	"$fn" "$staging"
+	chmod 0755 "$staging"/*
+	mv "$staging"/* "$GS_ENGINE/bin/"
+	printf '%s %s\n' "$name" $((SECONDS - start)) >>"$GS_ENGINE/build-seconds.txt"
+	log "$name built in $((SECONDS - start)) s"
+}
+
+# `build.sh [cli|python-host|kubernetes|command]...` builds only those (and installs nothing).
+wanted=" ${*:-cli python-host kubernetes command} "
+[[ $wanted == *" cli "* ]] && build cli pulumi build_cli
+[[ $wanted == *" python-host "* ]] && build python-host pulumi-language-python build_python_host
+[[ $wanted == *" kubernetes "* ]] && build kubernetes pulumi-resource-kubernetes build_kubernetes
+[[ $wanted == *" command "* ]] && build command pulumi-resource-command build_command
+(($# == 0)) || exit 0
+
+# Install into the project's PULUMI_HOME the way the CLI itself installs a plugin.
+mkdir -p "$PULUMI_HOME"
+for plugin in "kubernetes=$KUBERNETES_VERSION" "command=$COMMAND_VERSION"; do
+	name=${plugin%=*} version=${plugin#*=}
+	installed=$PULUMI_HOME/plugins/resource-$name-v$version/pulumi-resource-$name
+	if ! cmp -s "$GS_ENGINE/bin/pulumi-resource-$name" "$installed"; then
+		rm -rf "$PULUMI_HOME/plugins/resource-$name-v$version"
+		"$GS_ENGINE/bin/pulumi" plugin install resource "$name" "$version" --file "$GS_ENGINE/bin/pulumi-resource-$name" >/dev/null
+	fi
+done
+
+log "ready: $GS_ENGINE/bin (PULUMI_HOME=$PULUMI_HOME)"
+"$GS_ENGINE/bin/pulumi" version
+"$GS_ENGINE/bin/pulumi" plugin ls
