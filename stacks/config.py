@@ -26,6 +26,8 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
+from stacks.placement import stranded_pod
+
 PROJECT = "gpu-serving"
 
 # Kubernetes object names. Services (one per model) need RFC 1035 labels: a letter first.
@@ -551,6 +553,7 @@ class StackConfig(_Model):
                     f"at max replicas the models need {wanted} {product} GPUs but the nodes declare {have}; "
                     "the extra pods would stay Pending with 'Insufficient nvidia.com/gpu' — lower replicas.max or add nodes",
                 )
+        self._check_per_node_fit()
         total = sum(m.weights_gb for m in self.models)
         capacity_gb = self.capacity_gib * 2**30 / 10**9
         if total > capacity_gb:
@@ -579,6 +582,26 @@ class StackConfig(_Model):
                 f"at max replicas the models need {wanted} GPUs, but node-local storage keeps every pod on "
                 f"{home.name} ({home.gpu.count} GPUs) and a ReadWriteOnce volume cannot attach to a second node — "
                 "use shared storage (modelStorage.type: nfs or storageClass) or lower replicas.max",
+            )
+
+    def _check_per_node_fit(self) -> None:
+        for product in sorted({m.gpu_product for m in self.models}):
+            nodes = [n for n in self.nodes if n.gpu.product == product]
+            models = [(i, m) for i, m in enumerate(self.models) if m.gpu_product == product]
+            pods = [m.gpus_per_replica for _, m in models for _ in range(m.replicas.max)]
+            stranding = stranded_pod([n.gpu.count for n in nodes], pods)
+            if stranding is None:
+                continue
+            i = next(i for i, m in models if m.gpus_per_replica == stranding.size)
+            placed = "; ".join(
+                f"{node.name}: {' + '.join(map(str, pods_there)) or 'nothing'} ({free} free)"
+                for node, pods_there, free in zip(nodes, stranding.placement, stranding.free, strict=True)
+            )
+            raise _at(
+                f"models[{i}].gpusPerReplica",
+                f"its {stranding.size}-GPU pods can be left Pending although the {product} GPUs add up: the scheduler may "
+                f"place the other pods as {placed}, and it never moves a running pod to make room — give the models on "
+                "these nodes the same gpusPerReplica, lower replicas.max, or add a node",
             )
 
     def _check_replicas_and_routes(self) -> None:
