@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tools.e2e import _engine_owned, _needle, object_key, provider_objects
+from tools.e2e.engine_checks import engine_owned, needle
+from tools.e2e.run import object_key, provider_objects
 from tools.render import ROOT
 
 ENGINE = ROOT / "tools" / "engine"
@@ -71,16 +72,16 @@ def test_a_git_source_whose_tag_is_not_the_pinned_commit_is_refused(tmp_path: Pa
 
 def test_engine_owned_resources_are_the_stack_and_default_providers() -> None:
     prefix = "urn:pulumi:prod::gpu-serving::"
-    assert _engine_owned(prefix + "pulumi:pulumi:Stack::gpu-serving-prod")
-    assert _engine_owned(prefix + "pulumi:providers:command::default_1_2_1")
-    assert not _engine_owned(prefix + "pulumi:providers:kubernetes::kubernetes")
-    assert not _engine_owned(prefix + "gpu-serving:node:GpuNode$command:remote:Command::lab-node:10-preflight")
+    assert engine_owned(prefix + "pulumi:pulumi:Stack::gpu-serving-prod")
+    assert engine_owned(prefix + "pulumi:providers:command::default_1_2_1")
+    assert not engine_owned(prefix + "pulumi:providers:kubernetes::kubernetes")
+    assert not engine_owned(prefix + "gpu-serving:node:GpuNode$command:remote:Command::lab-node:10-preflight")
 
 
 def test_a_key_is_searched_by_its_longest_line_not_its_armour() -> None:
     key = "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAA\nshort\n-----END OPENSSH PRIVATE KEY-----\n"
-    assert _needle(key) == "b3BlbnNzaC1rZXktdjEAAAAA"
-    assert _needle("gs-canary-hfToken-0123") == "gs-canary-hfToken-0123"
+    assert needle(key) == "b3BlbnNzaC1rZXktdjEAAAAA"
+    assert needle("gs-canary-hfToken-0123") == "gs-canary-hfToken-0123"
 
 
 def test_provider_yaml_is_read_from_every_subfolder(tmp_path: Path) -> None:

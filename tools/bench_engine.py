@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tools.e2e import Run, copy_project, engine_env, rendering, stack_raw
+from tools.e2e.run import Run, copy_project, engine_env, rendering, stack_raw
 from tools.render import ROOT, run_program
 
 OUT = ROOT / "docs" / "benchmarks-engine.md"

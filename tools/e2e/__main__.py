@@ -1,0 +1,75 @@
+"""`python -m tools.e2e`: every check in order, the report, one line each."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import tools.e2e
+from tools.e2e.engine_checks import EndToEnd
+from tools.e2e.run import copy_project, engine_env
+from tools.render import ROOT
+
+OUT = ROOT / "e2e-out"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tools.e2e", description=(tools.e2e.__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--keep", action="store_true", help="keep the temporary folder (project copy, state, VM)")
+    parser.add_argument("--out", type=Path, default=OUT, help="report folder (default e2e-out/)")
+    args = parser.parse_args(argv)
+
+    tmp = Path(tempfile.mkdtemp(prefix="gs-e2e-"))
+    shutil.rmtree(args.out, ignore_errors=True)
+    args.out.mkdir(parents=True)
+    env = {**os.environ, **engine_env()}
+    env.update(PULUMI_BACKEND_URL=f"file://{tmp / 'state'}", PULUMI_CONFIG_PASSPHRASE=secrets.token_urlsafe(24))
+    env.pop("PULUMI_ACCESS_TOKEN", None)
+    env.pop("SSH_AUTH_SOCK", None)  # the command provider would try a dead agent first
+    (tmp / "state").mkdir()
+    (tmp / "project").mkdir()
+    copy_project(tmp / "project")
+
+    run = EndToEnd(tmp, env, args.out)
+    # The prod stack's node is never reached (preview runs nothing): a throwaway key stands in.
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp / "canary-key")], check=True)
+    run.canaries = {"hfToken": f"gs-canary-hfToken-{secrets.token_hex(8)}", "sshPrivateKey": (tmp / "canary-key").read_text()}
+    try:
+        run.check("engine-versions", run.engine_versions)
+        run.check("preview-prod", run.preview_prod)
+        run.check("preview-policy-violation", run.preview_policy_violation, needs=("preview-prod",))
+        run.check("up-lab", run.up_lab)
+        run.check("render-matches-engine", run.render_matches_engine, needs=("up-lab",))
+        run.check("second-up-no-changes", run.second_up_no_changes, needs=("up-lab",))
+        run.check("grow", run.grow, needs=("up-lab",))
+        run.check("destroy-keeps-data", run.destroy_keeps_data, needs=("grow",))
+        # The lab's real SSH key went through state and logs as well: look for it too.
+        if run.vm is not None:
+            run.canaries["labSshPrivateKey"] = run.vm.key_path.read_text()
+        run.check("no-secret-in-state", run.no_secret_in_state)
+    finally:
+        if run.vm is not None:
+            run.vm.stop()
+        added = run.installed_plugins() - run.pinned_plugins if run.plugins.exists() else set()
+        run.report["figures"]["pluginsAdded"] = len(added)
+        (args.out / "report.json").write_text(json.dumps(run.report, indent=2) + "\n")
+        if args.keep:
+            print(f"kept {tmp}")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+    failed = [c["name"] for c in run.report["checks"] if not c["ok"]]
+    if added:
+        print(f"FAIL plugins appeared during the run: {sorted(added)}")
+    print(f"e2e: {len(run.report['checks']) - len(failed)} passed, {len(failed)} failed; report {args.out / 'report.json'}")
+    return 1 if failed or added else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
