@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STACK ?= prod
 STAMP := $(VENV)/.installed
 
-.PHONY: help venv render test test-vm lint policy-check diff checkov lab-vm lab-vm-stop bench bench-vm bench-engine engine e2e clean
+.PHONY: help venv render test test-vm lint policy-check diff checkov lab-vm lab-vm-stop bench bench-vm bench-engine engine e2e cluster cluster-stop clean
 
 help:
 	@echo "make render [STACK=prod]   render the stack offline into rendered/<stack>/ (DEPLOYED=outputs.json: against a deployed stack)"
@@ -20,6 +20,8 @@ help:
 	@echo "make bench-vm              node-step benchmark on a throwaway VM (slow; make bench includes it)"
 	@echo "make engine                build the real Pulumi CLI and plugins from pinned Go modules (cached)"
 	@echo "make e2e                   preview, up, grow, destroy under the real engine, lab VM as the node"
+	@echo "make cluster [STACK=prod]  loopback Kubernetes control plane, one simulated GPU node per node of STACK"
+	@echo "make cluster-stop          stop it, leaving nothing running"
 	@echo "make bench-engine          real-engine benchmark: preview and no-op up against a bare program (make bench includes it)"
 
 venv: $(STAMP)
@@ -39,7 +41,7 @@ test-vm: $(STAMP)
 	bash tests/vm/install-host-deps.sh
 	GS_VM_TESTS=1 $(PY) -m pytest -q tests/vm
 
-SHELL_SCRIPTS = $(wildcard components/node_scripts/*.sh tests/vm/*.sh tools/engine/*.sh .ci/run)
+SHELL_SCRIPTS = $(wildcard components/node_scripts/*.sh tests/vm/*.sh tools/engine/*.sh tools/cluster/*.sh .ci/run)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
@@ -85,8 +87,17 @@ engine:
 	bash tools/engine/build.sh
 
 e2e: $(STAMP) engine
+	bash tools/cluster/build.sh
 	bash tests/vm/install-host-deps.sh
 	$(PY) -m tools.e2e
+
+# The loopback cluster's binaries are built once into ~/.cache/gpu-serving/cluster/ (tools/cluster).
+cluster: $(STAMP)
+	bash tools/cluster/build.sh
+	bash tools/cluster/cluster.sh start $$($(PY) -m tools.cluster.nodes $(STACK))
+
+cluster-stop:
+	bash tools/cluster/cluster.sh stop
 
 bench-engine: $(STAMP) engine
 	bash tests/vm/install-host-deps.sh

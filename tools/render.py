@@ -183,7 +183,7 @@ def run_program(stack: str, root: Path = ROOT, overrides: dict[str, str] | None 
     for key, value in (secret_values or {}).items():
         values[f"{project}:{key}"] = value
         secrets.add(f"{project}:{key}")
-    config = _parsed(project, values, secrets)
+    config = parsed_config(project, values, secrets)
     _add_missing_secrets(project, config, values, secrets)
 
     render = Render(stack, config=config)
@@ -242,7 +242,7 @@ def run_program(stack: str, root: Path = ROOT, overrides: dict[str, str] | None 
     return render
 
 
-def _parsed(project: str, values: dict[str, str], secrets: set[str]) -> Any:
+def parsed_config(project: str, values: dict[str, str], secrets: set[str]) -> Any:
     """The StackConfig these values make, or None when the program will report a config error."""
     from stacks.config import ConfigError, parse
 

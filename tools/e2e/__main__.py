@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 
 import tools.e2e
-from tools.e2e.engine_checks import EndToEnd
+from tools.e2e.cluster_checks import ClusterEndToEnd
 from tools.e2e.run import copy_project, engine_env
 from tools.render import ROOT
 
@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     (tmp / "project").mkdir()
     copy_project(tmp / "project")
 
-    run = EndToEnd(tmp, env, args.out)
+    run = ClusterEndToEnd(tmp, env, args.out)
     # The prod stack's node is never reached (preview runs nothing): a throwaway key stands in.
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp / "canary-key")], check=True)
     run.canaries = {"hfToken": f"gs-canary-hfToken-{secrets.token_hex(8)}", "sshPrivateKey": (tmp / "canary-key").read_text()}
@@ -50,11 +50,25 @@ def main(argv: list[str] | None = None) -> int:
         run.check("second-up-no-changes", run.second_up_no_changes, needs=("up-lab",))
         run.check("grow", run.grow, needs=("up-lab",))
         run.check("destroy-keeps-data", run.destroy_keeps_data, needs=("grow",))
+        run.check("cluster-up", run.cluster_up)
+        run.check("server-dry-run-all-stacks", run.server_dry_run_all_stacks, needs=("cluster-up",))
+        run.check("up-cluster", run.up_cluster, needs=("cluster-up", "destroy-keeps-data"))
+        for name, check in (("nodes-patched", run.nodes_patched), ("pvc-bound", run.pvc_bound),
+                            ("download-before-deployment", run.download_before_deployment),
+                            ("deployment-available", run.deployment_available), ("smoke-job-complete", run.smoke_job_complete)):
+            run.check(name, check, needs=("up-cluster",))
+        run.check("per-node-fit", run.per_node_fit, needs=("cluster-up",))
+        # Before destroy: a second up only means something while the stack exists.
+        run.check("second-up-no-changes-cluster", run.second_up_no_changes_cluster, needs=("up-cluster",))
+        run.check("destroy-retains-pv", run.destroy_retains_pv, needs=("up-cluster",))
+        # Last, so that it also reads the cluster stack's state, where the HF token is a real Secret.
         # The lab's real SSH key went through state and logs as well: look for it too.
         if run.vm is not None:
             run.canaries["labSshPrivateKey"] = run.vm.key_path.read_text()
         run.check("no-secret-in-state", run.no_secret_in_state)
     finally:
+        if run.cluster_env:
+            run.cluster_sh("stop", check=False)
         if run.vm is not None:
             run.vm.stop()
         added = run.installed_plugins() - run.pinned_plugins if run.plugins.exists() else set()

@@ -1,0 +1,243 @@
+#!/usr/bin/env bash
+# Build the loopback test cluster's binaries from pinned Go modules (versions.env): etcd,
+# kube-apiserver, kube-controller-manager, kube-scheduler, kubectl and kwok, and fetch the CRD YAML
+# (KEDA, Prometheus Operator, Gateway API) and kwok's Stage YAML. Everything lands in
+#   $GS_CACHE/cluster/<versions-key>/{bin,crds,stages}
+# and a warm cache makes this a few seconds of checks. Cold build seconds per component are written
+# to build-times.txt in that folder. Prints the folder on stdout.
+#
+#   tools/cluster/build.sh            build what is missing
+#   tools/cluster/build.sh --print    print the folder, build nothing (exit 1 if incomplete)
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=/dev/null
+source "$here/versions.env"
+
+: "${GS_CACHE:=$HOME/.cache/gpu-serving}"
+export GOMODCACHE="$GS_CACHE/go/mod" GOCACHE="$GS_CACHE/go/build" GOFLAGS=-buildvcs=false
+export CGO_ENABLED=0 GOTOOLCHAIN=local GO111MODULE=on
+
+log() { printf '== cluster build: %s\n' "$*" >&2; }
+die() { printf 'cluster build: %s\n' "$*" >&2; exit 1; }
+
+command -v go >/dev/null || die "go is not installed (Go >= 1.26 builds the cluster)"
+go_version=$(go env GOVERSION)
+key="k8s-$KUBERNETES_VERSION-etcd-$ETCD_VERSION-kwok-$KWOK_VERSION-$go_version"
+out="$GS_CACHE/cluster/$key"
+bin="$out/bin"
+components=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok)
+crd_files=(
+	"keda-$KEDA_VERSION/keda.sh_scaledobjects.yaml"
+	"prometheus-operator-$PROMETHEUS_OPERATOR_VERSION/monitoring.coreos.com_servicemonitors.yaml"
+	"prometheus-operator-$PROMETHEUS_OPERATOR_VERSION/monitoring.coreos.com_podmonitors.yaml"
+	"prometheus-operator-$PROMETHEUS_OPERATOR_VERSION/monitoring.coreos.com_prometheusrules.yaml"
+	"gateway-api-$GATEWAY_API_VERSION/.complete"
+)
+stage_files=(node-initialize.yaml node-heartbeat-with-lease.yaml pod-ready.yaml pod-complete.yaml pod-delete.yaml)
+
+stages_ok() {
+	local f
+	for f in "${stage_files[@]}"; do [[ -s $out/stages/$f ]] || return 1; done
+}
+complete() {
+	local c f
+	for c in "${components[@]}"; do [[ -x $bin/$c ]] || return 1; done
+	for f in "${crd_files[@]}"; do [[ -s $out/crds/$f || -e $out/crds/$f ]] || return 1; done
+	stages_ok
+}
+
+if [[ ${1:-} == --print ]]; then
+	complete || { echo "$out"; exit 1; }
+	echo "$out"
+	exit 0
+fi
+if complete; then
+	log "cached: $out"
+	echo "$out"
+	exit 0
+fi
+
+mkdir -p "$bin" "$out/src" "$out/crds" "$out/stages"
+times="$out/build-times.txt"
+[[ -f $times ]] || printf '# component cold-build-seconds (%s, %s cores)\n' "$go_version" "$(nproc)" >"$times"
+
+# module_dir MODULE@VERSION: download it (zip holds the repository's files at that tag) and print its
+# read-only folder in the module cache.
+module_dir() {
+	local json
+	json=$(go mod download -json "$1") || die "go mod download $1 failed: $json"
+	grep -q '"Error"' <<<"$json" && die "$1 is not served: $(grep '"Error"' <<<"$json")"
+	sed -n 's/^\t"Dir": "\(.*\)",$/\1/p' <<<"$json"
+}
+
+# module_time MODULE@VERSION: the release time the proxy gives (its .info; this proxy gives no commit).
+module_time() {
+	local info
+	info=$(go mod download -json "$1" | sed -n 's/^\t"Info": "\(.*\)",$/\1/p')
+	sed -n 's/.*"Time":"\([^"]*\)".*/\1/p' "$info"
+}
+
+# timed NAME COMMAND...: run COMMAND, record its seconds for NAME in build-times.txt.
+timed() {
+	local name=$1 start end
+	shift
+	start=$(date +%s)
+	"$@"
+	end=$(date +%s)
+	sed -i "/^$name /d" "$times"
+	echo "$name $((end - start))" >>"$times"
+	log "$name built in $((end - start))s"
+}
+
+# ---- etcd: the module root is the main package; its go.mod replaces its sibling modules with ../
+# paths, which a wrapper module points at the published versions of the same release.
+wrapper_etcd() {
+	local w="$out/src/etcd"
+	[[ -s $w/go.sum ]] && return 0
+	rm -rf "$w" && mkdir -p "$w"
+	(
+		cd "$w"
+		go mod init gs-cluster/etcd >/dev/null 2>&1
+		local m replaces=()
+		for m in api/v3 client/pkg/v3 client/v3 pkg/v3; do
+			replaces+=("-replace=go.etcd.io/etcd/$m=go.etcd.io/etcd/$m@$ETCD_VERSION")
+		done
+		go mod edit "${replaces[@]}"
+		go get "go.etcd.io/etcd/server/v3@$ETCD_VERSION"
+	) >&2
+}
+build_etcd() {
+	wrapper_etcd
+	(cd "$out/src/etcd" && go build -mod=mod -trimpath -o "$bin/etcd.tmp" -ldflags "-s -w" go.etcd.io/etcd/server/v3)
+	mv "$bin/etcd.tmp" "$bin/etcd"
+}
+
+# ---- Kubernetes: k8s.io/kubernetes requires its ~30 staging modules at v0.0.0 and replaces them with
+# ./staging/... paths; the wrapper replaces each by the published v0.<minor>.<patch>.
+wrapper_kube() {
+	local w="$out/src/kubernetes"
+	[[ -s $w/go.sum ]] && return 0
+	rm -rf "$w" && mkdir -p "$w"
+	local staging
+	module_dir "k8s.io/kubernetes@$KUBERNETES_VERSION" >/dev/null
+	local modfile="$GOMODCACHE/cache/download/k8s.io/kubernetes/@v/$KUBERNETES_VERSION.mod"
+	[[ -s $modfile ]] || die "no go.mod for k8s.io/kubernetes@$KUBERNETES_VERSION in $GOMODCACHE"
+	# staging modules: the ones the release requires at v0.0.0 and replaces with a ./staging path
+	staging=$(go mod edit -json "$modfile" | python3 -c '
+import json, sys
+d = json.load(sys.stdin)
+req = {r["Path"]: r["Version"] for r in d.get("Require") or []}
+for r in d.get("Replace") or []:
+    old, new = r["Old"]["Path"], r["New"]["Path"]
+    if new.startswith("./staging/") and req.get(old) == "v0.0.0":
+        print(old)
+')
+	[[ -n $staging ]] || die "found no staging modules in $modfile"
+	local v=${KUBERNETES_VERSION#v} m replaces=()
+	local staging_version="v0.${v#*.}"
+	for m in $staging; do replaces+=("-replace=$m=$m@$staging_version"); done
+	log "kubernetes wrapper: $(wc -w <<<"$staging") staging modules at $staging_version"
+	(
+		cd "$w"
+		go mod init gs-cluster/kubernetes >/dev/null 2>&1
+		go mod edit "${replaces[@]}"
+		go get "k8s.io/kubernetes@$KUBERNETES_VERSION"
+		go get "k8s.io/kubernetes/cmd/kube-apiserver@$KUBERNETES_VERSION" \
+			"k8s.io/kubernetes/cmd/kube-controller-manager@$KUBERNETES_VERSION" \
+			"k8s.io/kubernetes/cmd/kube-scheduler@$KUBERNETES_VERSION" \
+			"k8s.io/kubernetes/cmd/kubectl@$KUBERNETES_VERSION"
+	) >&2
+}
+kube_ldflags() {
+	local v=${KUBERNETES_VERSION#v} date pkg flags="-s -w"
+	date=$(module_time "k8s.io/kubernetes@$KUBERNETES_VERSION")
+	for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+		flags+=" -X $pkg.gitVersion=$KUBERNETES_VERSION -X $pkg.gitMajor=${v%%.*}"
+		flags+=" -X $pkg.gitMinor=$(cut -d. -f2 <<<"$v")"
+		flags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=$date"
+	done
+	echo "$flags"
+}
+build_kube() {
+	local name=$1
+	wrapper_kube
+	(cd "$out/src/kubernetes" && go build -mod=mod -trimpath -o "$bin/$name.tmp" \
+		-ldflags "$(kube_ldflags)" "k8s.io/kubernetes/cmd/$name")
+	mv "$bin/$name.tmp" "$bin/$name"
+}
+
+# ---- kwok: no replaces, but built in a wrapper as well so its dependency versions stay its own.
+wrapper_kwok() {
+	local w="$out/src/kwok"
+	[[ -s $w/go.sum ]] && return 0
+	rm -rf "$w" && mkdir -p "$w"
+	(
+		cd "$w"
+		go mod init gs-cluster/kwok >/dev/null 2>&1
+		go get "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
+	) >&2
+}
+build_kwok() {
+	wrapper_kwok
+	(cd "$out/src/kwok" && go build -mod=mod -trimpath -o "$bin/kwok.tmp" \
+		-ldflags "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=${KWOK_VERSION#v}" sigs.k8s.io/kwok/cmd/kwok)
+	mv "$bin/kwok.tmp" "$bin/kwok"
+}
+
+for c in "${components[@]}"; do
+	[[ -x $bin/$c ]] && continue
+	log "building $c (cold builds take minutes; log of go on stderr)"
+	case $c in
+	etcd) timed etcd build_etcd ;;
+	kwok) timed kwok build_kwok ;;
+	*) timed "$c" build_kube "$c" ;;
+	esac
+done
+
+# ---- CRDs and Stage YAML, copied out of the pinned module zips.
+copy_files() { # SRC_DIR DEST_DIR FILE...
+	local src=$1 dest=$2 f
+	shift 2
+	mkdir -p "$dest"
+	for f in "$@"; do
+		[[ -s $src/$f ]] || die "$src has no $f"
+		install -m 0644 "$src/$f" "$dest/$(basename "$f")"
+	done
+}
+
+keda_dir="$out/crds/keda-$KEDA_VERSION"
+if [[ ! -s $keda_dir/keda.sh_scaledobjects.yaml ]]; then
+	copy_files "$(module_dir "github.com/kedacore/keda/v2@$KEDA_VERSION")" "$keda_dir" \
+		config/crd/bases/keda.sh_scaledobjects.yaml
+fi
+prom_dir="$out/crds/prometheus-operator-$PROMETHEUS_OPERATOR_VERSION"
+if [[ ! -s $prom_dir/monitoring.coreos.com_prometheusrules.yaml ]]; then
+	src=$(module_dir "github.com/prometheus-operator/prometheus-operator@$PROMETHEUS_OPERATOR_VERSION")
+	copy_files "$src" "$prom_dir" \
+		example/prometheus-operator-crd/monitoring.coreos.com_servicemonitors.yaml \
+		example/prometheus-operator-crd/monitoring.coreos.com_podmonitors.yaml \
+		example/prometheus-operator-crd/monitoring.coreos.com_prometheusrules.yaml
+fi
+gw_dir="$out/crds/gateway-api-$GATEWAY_API_VERSION"
+if [[ ! -e $gw_dir/.complete ]]; then
+	src=$(module_dir "sigs.k8s.io/gateway-api@$GATEWAY_API_VERSION")
+	mapfile -t gw_files < <(cd "$src" && ls config/crd/standard/*.yaml)
+	[[ ${#gw_files[@]} -gt 0 ]] || die "sigs.k8s.io/gateway-api@$GATEWAY_API_VERSION has no config/crd/standard/*.yaml"
+	copy_files "$src" "$gw_dir" "${gw_files[@]}"
+	touch "$gw_dir/.complete"
+fi
+
+# kwok's own Stage YAML: node/fast (Ready at once), node/heartbeat-with-lease (keeps Ready with a
+# node lease, as kwokctl does), pod/fast (Running+Ready at once; Job pods Succeeded; deletion).
+if ! stages_ok; then
+	src=$(module_dir "sigs.k8s.io/kwok@$KWOK_VERSION")/kustomize/stage
+	copy_files "$src" "$out/stages" node/fast/node-initialize.yaml \
+		node/heartbeat-with-lease/node-heartbeat-with-lease.yaml \
+		pod/fast/pod-ready.yaml pod/fast/pod-complete.yaml pod/fast/pod-delete.yaml
+fi
+
+complete || die "incomplete after build: $out"
+"$bin/kube-apiserver" --version >&2
+log "done: $out"
+echo "$out"

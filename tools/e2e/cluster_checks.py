@@ -1,0 +1,316 @@
+"""Checks 10–20: the program against a real Kubernetes control plane on loopback (tools/cluster),
+its GPU nodes simulated by kwok, the lab VM still the node the disk steps run on."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tools.e2e.engine_checks import GROWN_SIZE_GB, EndToEnd
+from tools.e2e.run import CheckError, require, stack_raw, tail
+from tools.render import ROOT, RenderError, run_program
+
+CLUSTER_SH = ROOT / "tools" / "cluster" / "cluster.sh"
+NAMESPACE = "ai-cluster"
+# Two 2-GPU nodes of a product no stack uses, for the per-node fit demonstration.
+FIT_NODES = ("fit-a", "fit-b")
+FIT_PRODUCT = "e2e-fit"
+
+
+def _free_port_block(size: int = 6) -> int:
+    """A port whose next `size` ports are free on 127.0.0.1 (the cluster takes six in a row)."""
+    for _ in range(50):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            base = probe.getsockname()[1]
+        if base + size >= 65535:
+            continue
+        try:
+            for port in range(base, base + size):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return base
+    raise CheckError("no block of free ports on 127.0.0.1")
+
+
+def _sequence(events: list[dict[str, Any]], kind: str, urn_suffix: str) -> int:
+    """The sequence number of the first `kind` event of the resource whose URN ends with `urn_suffix`."""
+    for event in events:
+        body = event.get(kind)
+        urn = (body or {}).get("metadata", {}).get("urn", "")
+        if urn.endswith(urn_suffix):
+            return int(event["sequence"])
+    raise CheckError(f"no {kind} for *{urn_suffix} in the engine's event log")
+
+
+def _time(stamp: str) -> datetime:
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+
+
+@dataclass
+class ClusterEndToEnd(EndToEnd):
+    """Checks 1–9, then 10–20 on the loopback cluster."""
+
+    cluster_env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def cluster_dir(self) -> Path:
+        return self.tmp / "cluster"
+
+    @property
+    def events(self) -> Path:
+        """The engine's event log of the first `up` against the cluster (ordered by sequence)."""
+        return self.tmp / "up-cluster-events.jsonl"
+
+    # ---- tools ----------------------------------------------------------------------------
+
+    def cluster_sh(self, *args: str, check: bool = True, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+        env = {**self.env, "GS_CLUSTER_DIR": str(self.cluster_dir), **self.cluster_env}
+        proc = subprocess.run(["bash", str(CLUSTER_SH), *args], env=env, capture_output=True, text=True, timeout=timeout)
+        with self.log.open("a") as log:
+            log.write(f"$ cluster.sh {' '.join(args)}\n{proc.stdout}{proc.stderr}[exit {proc.returncode}]\n\n")
+        if check and proc.returncode != 0:
+            raise CheckError(f"cluster.sh {' '.join(args)} exited {proc.returncode}: {tail(proc.stderr)}")
+        return proc
+
+    def kubectl(self, *args: str, stdin: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+        argv = [f"{self.cluster_env['GS_CLUSTER_BIN']}/kubectl", *args]
+        proc = subprocess.run(argv, env={**self.env, "KUBECONFIG": self.cluster_env["KUBECONFIG"]}, input=stdin,
+                              capture_output=True, text=True, timeout=300)
+        if check and proc.returncode != 0:
+            raise CheckError(f"kubectl {' '.join(args)}: {tail(proc.stderr)}")
+        return proc
+
+    def get(self, *args: str) -> dict[str, Any]:
+        return json.loads(self.kubectl("get", *args, "-o", "json").stdout)
+
+    def wait_for(self, what: str, probe: Any, timeout: float = 120) -> Any:
+        deadline = time.monotonic() + timeout
+        while True:
+            value = probe()
+            if value:
+                return value
+            if time.monotonic() > deadline:
+                raise CheckError(f"timed out after {timeout:.0f} s waiting for {what}")
+            time.sleep(1)
+
+    # ---- the stack on the cluster ---------------------------------------------------------
+
+    def cluster_raw(self) -> dict[str, Any]:
+        """The lab stack, its Kubernetes side on this cluster; the disk steps on the VM at the grown size."""
+        raw = stack_raw("lab")
+        raw["cluster"] = {**raw["cluster"], "namespace": NAMESPACE,
+                          "kubeconfig": {"path": self.cluster_env["KUBECONFIG"]}}
+        node = raw["nodes"][0]
+        node["ssh"]["port"] = self.vm.port
+        node["storage"]["sizeGb"] = GROWN_SIZE_GB  # the array on the VM already has this size: never shrink
+        raw["models"][0]["apiKeySecret"] = "vllmApiKey"
+        return raw
+
+    # ---- checks ---------------------------------------------------------------------------
+
+    def cluster_up(self) -> str:
+        nodes = {"lab-node": 1, **dict.fromkeys(FIT_NODES, 2)}
+        self.cluster_env = {"GS_CLUSTER_PORT": str(_free_port_block())}
+        start = time.monotonic()
+        self.cluster_sh("start", *[arg for name, gpus in nodes.items() for arg in ("--node", f"{name}:{gpus}:32:128Gi")])
+        self.report["figures"]["clusterStartSeconds"] = round(time.monotonic() - start, 1)
+        for line in self.cluster_sh("env").stdout.splitlines():
+            key, _, value = line.partition("=")
+            self.cluster_env[key] = value
+        require(self.kubectl("get", "--raw", "/readyz").stdout.strip() == "ok", "the API server is not ready")
+        seen = {}
+        for item in self.get("nodes")["items"]:
+            ready = any(c["type"] == "Ready" and c["status"] == "True" for c in item["status"].get("conditions", []))
+            seen[item["metadata"]["name"]] = (ready, item["status"]["capacity"].get("nvidia.com/gpu"))
+        require(seen == {name: (True, str(gpus)) for name, gpus in nodes.items()},
+                f"nodes (Ready, nvidia.com/gpu) are {seen}, expected {nodes} all Ready")
+        version = self.kubectl("version", "-o", "json").stdout
+        server = json.loads(version)["serverVersion"]["gitVersion"]
+        self.report["engine"]["kube-apiserver"] = server
+        return f"{server} on 127.0.0.1:{self.cluster_env['GS_CLUSTER_PORT']}; nodes Ready with GPUs {nodes}"
+
+    def server_dry_run_all_stacks(self) -> str:
+        rejected, total, stacks = [], 0, sorted(p.name[len("Pulumi."):-len(".yaml")] for p in ROOT.glob("Pulumi.*.yaml"))
+        for stack in stacks:
+            try:
+                objects = run_program(stack).kubernetes_objects()
+            except RenderError as exc:
+                raise CheckError(f"render {stack}: {exc}") from None
+            namespaces = {o["metadata"].get("namespace") for o in objects} - {None}
+            for namespace in sorted(namespaces):
+                # Server-side dry runs create nothing, so an object's namespace must exist for real.
+                if self.kubectl("get", "namespace", namespace, check=False).returncode != 0:
+                    self.kubectl("create", "namespace", namespace)
+            for obj in objects:
+                total += 1
+                proc = self.kubectl("apply", "--dry-run=server", "--server-side", "--field-manager=e2e", "-f", "-",
+                                    stdin=yaml.safe_dump(obj), check=False)
+                if proc.returncode != 0:
+                    rejected.append(f"{stack} {obj['kind']}/{obj['metadata']['name']}: {tail(proc.stderr, 2)}")
+        self.report["figures"]["serverRejectedObjects"] = len(rejected)
+        require(not rejected, f"{len(rejected)} of {total} objects rejected: {rejected[:3]}")
+        return f"{total} objects of the stacks {', '.join(stacks)} accepted by the API server (dry run)"
+
+    def up_cluster(self) -> str:
+        raw = self.cluster_raw()
+        self.new_stack("cluster", raw, self.secret_values(raw, self.vm.key_path.read_text()))
+        self.timed("upClusterSeconds", "up", "--yes", "--skip-preview", "--event-log", str(self.events), stack="cluster",
+                   timeout=1800, env={"PULUMI_DEBUG_COMMANDS": "true"})  # the CLI offers --event-log only then
+        declared = self.offline_render("cluster").kubernetes_objects()
+        missing = []
+        for obj in declared:
+            namespace = obj["metadata"].get("namespace")
+            where = ["-n", namespace] if namespace else []
+            if self.kubectl("get", f"{obj['kind']}.{obj['apiVersion'].split('/')[0]}" if "/" in obj["apiVersion"] else obj["kind"],
+                            obj["metadata"]["name"], *where, check=False).returncode != 0:
+                missing.append(f"{obj['kind']}/{obj['metadata']['name']}")
+        require(not missing, f"declared but not in the cluster: {missing}")
+        kinds = sorted({o["kind"] for o in declared})
+        return f"every declared object is in the cluster, awaited: {len(declared)} ({', '.join(kinds)})"
+
+    def nodes_patched(self) -> str:
+        node = self.get("node", "lab-node")
+        labels, taints = node["metadata"].get("labels", {}), node["spec"].get("taints", [])
+        want = {"nvidia.com/gpu.product": "nvidia-t4", "nvidia.com/gpu.present": "true", "nvidia.com/gpu.count": "1"}
+        require(all(labels.get(k) == v for k, v in want.items()), f"labels {labels}, expected {want}")
+        require({"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"} in taints, f"taints {taints}")
+        state = json.loads(self.pulumi("stack", "export", stack="cluster").stdout)
+        require(any(r["type"] == "kubernetes:core/v1:NodePatch" for r in state["deployment"]["resources"]), "no NodePatch in the state")
+        preview = json.loads(self.pulumi("preview", "--json", stack="cluster").stdout)
+        changed = [f"{s['op']} {s['urn']}" for s in preview.get("steps", []) if "NodePatch" in s["urn"] and s["op"] != "same"]
+        require(not changed, f"a second up would change the NodePatch: {changed}")
+        return "labels and taint on lab-node; the next up leaves the NodePatch unchanged"
+
+    def pvc_bound(self) -> str:
+        claim = self.get("pvc", "models", "-n", NAMESPACE)
+        volume = claim["spec"].get("volumeName")
+        require(claim["status"].get("phase") == "Bound", f"claim is {claim['status'].get('phase')}")
+        require(volume == f"{NAMESPACE}-models", f"claim bound to {volume!r}")
+        return f"claim {NAMESPACE}/models Bound to {volume}"
+
+    def download_before_deployment(self) -> str:
+        jobs = [j for j in self.get("jobs", "-n", NAMESPACE)["items"] if "-dl-" in j["metadata"]["name"]]
+        require(jobs, "no download Job")
+        deployment = self.get("deployment", "vllm-qwen25-05b", "-n", NAMESPACE)
+        created = _time(deployment["metadata"]["creationTimestamp"])
+        for job in jobs:
+            done = job["status"].get("completionTime")
+            require(done is not None, f"{job['metadata']['name']} never completed")
+            require(_time(done) <= created, f"{job['metadata']['name']} completed {done}, after the Deployment was created {created}")
+        # Kubernetes keeps whole seconds; the engine's event log orders the two exactly: the Job's
+        # outputs (after its await saw it complete) come before the Deployment's create starts.
+        events = [json.loads(line) for line in self.events.read_text().splitlines() if line.strip()]
+        job_done = _sequence(events, "resOutputsEvent", "::qwen25-05b-download")
+        deployment_start = _sequence(events, "resourcePreEvent", "::qwen25-05b-deployment")
+        require(job_done < deployment_start,
+                f"the Deployment's create began (event {deployment_start}) before the Job finished ({job_done})")
+        return (f"{jobs[0]['metadata']['name']} completed {jobs[0]['status']['completionTime']}, Deployment created "
+                f"{deployment['metadata']['creationTimestamp']}; engine events: Job done #{job_done}, Deployment begun #{deployment_start}")
+
+    def deployment_available(self) -> str:
+        deployment = self.get("deployment", "vllm-qwen25-05b", "-n", NAMESPACE)
+        available = [c for c in deployment["status"].get("conditions", []) if c["type"] == "Available"]
+        require(available and available[0]["status"] == "True", f"Deployment not Available: {deployment['status']}")
+        selector = ",".join(f"{k}={v}" for k, v in deployment["spec"]["selector"]["matchLabels"].items())
+        pods = self.get("pods", "-n", NAMESPACE, "-l", selector)["items"]
+        require(pods, "no pods")
+        for pod in pods:
+            node = self.get("node", pod["spec"]["nodeName"])
+            require(node["metadata"]["labels"].get("nvidia.com/gpu.present") == "true", f"{pod['metadata']['name']} on a non-GPU node")
+            limits = pod["spec"]["containers"][0]["resources"]["limits"]
+            require(limits.get("nvidia.com/gpu") == "1", f"GPU limit {limits}")
+        return f"Available; {len(pods)} pod(s) on {', '.join(sorted({p['spec']['nodeName'] for p in pods}))} with 1 GPU each"
+
+    def smoke_job_complete(self) -> str:
+        jobs = [j for j in self.get("jobs", "-n", NAMESPACE)["items"] if "-smoke-" in j["metadata"]["name"]]
+        require(jobs, "no smoke-test Job")
+        for job in jobs:
+            complete = [c for c in job["status"].get("conditions", []) if c["type"] == "Complete" and c["status"] == "True"]
+            require(complete, f"{job['metadata']['name']} is not complete: {job['status']}")
+        return f"{', '.join(j['metadata']['name'] for j in jobs)} complete (simulated pods: the wiring, not vLLM)"
+
+    def per_node_fit(self) -> str:
+        # 1. The program refuses it at load, through the real engine.
+        raw = stack_raw("prod")
+        raw["cluster"] = {"namespace": "fit", "renderYamlTo": str(self.tmp / "yaml-fit"), "autoscaling": "none"}
+        node = raw["nodes"][0]
+        raw["nodes"] = [{**node, "name": name, "ssh": {"host": name}, "gpu": {"product": FIT_PRODUCT, "count": 2}}
+                        for name in FIT_NODES]
+        raw["modelStorage"] = {"type": "nfs", "server": "nas", "path": "/models", "sizeGi": 100}
+        model = {k: v for k, v in raw["models"][0].items() if k != "ingress"}
+        raw["models"] = [{**model, "name": "small", "gpuProduct": FIT_PRODUCT, "gpusPerReplica": 1, "replicas": {"min": 2, "max": 2}},
+                         {**model, "name": "large", "gpuProduct": FIT_PRODUCT, "gpusPerReplica": 2, "replicas": {"min": 1, "max": 1}}]
+        self.new_stack("fit", raw, {"sshPrivateKey": "unused", "sshHostKeyWorker02": "unused"})
+        proc = self.pulumi("preview", stack="fit", check=False)
+        text = proc.stdout + proc.stderr
+        refusal = next((line.strip() for line in text.splitlines() if "models[1].gpusPerReplica" in line), None)
+        require(proc.returncode != 0 and refusal is not None, f"the preview was not refused naming models[1].gpusPerReplica: {tail(text)}")
+        # 2. Without the refusal, the scheduler does strand the large pod: the same pods as plain Deployments.
+        for name in FIT_NODES:
+            self.kubectl("label", "--overwrite", "node", name, f"nvidia.com/gpu.product={FIT_PRODUCT}")
+        self.kubectl("create", "namespace", "fit")
+        self.kubectl("apply", "-f", "-", stdin=_fit_deployment("small", gpus=1, replicas=2))
+        self.wait_for("both 1-GPU pods scheduled", lambda: self._scheduled_nodes("small", 2))
+        self.kubectl("apply", "-f", "-", stdin=_fit_deployment("large", gpus=2, replicas=1))
+        small = self._scheduled_nodes("small", 2)
+        if len(set(small)) == 1:
+            raise CheckError(f"the scheduler put both 1-GPU pods on {small[0]}: no stranding to show this run")
+        reason = self.wait_for("the 2-GPU pod's FailedScheduling event", lambda: self._failed_scheduling("large"), timeout=60)
+        self.kubectl("delete", "namespace", "fit", "--wait=false")
+        return f"refused at load ({refusal[:120]}…); without it: 1-GPU pods on {', '.join(sorted(small))}, the 2-GPU pod Pending: {reason}"
+
+    def _scheduled_nodes(self, app: str, count: int) -> list[str] | None:
+        pods = self.get("pods", "-n", "fit", "-l", f"app={app}")["items"]
+        nodes = [p["spec"].get("nodeName") for p in pods]
+        return nodes if len(nodes) == count and all(nodes) else None
+
+    def _failed_scheduling(self, app: str) -> str | None:
+        pods = self.get("pods", "-n", "fit", "-l", f"app={app}")["items"]
+        if not pods or pods[0]["spec"].get("nodeName"):
+            return None
+        events = self.get("events", "-n", "fit", "--field-selector", f"involvedObject.name={pods[0]['metadata']['name']}")["items"]
+        return next((e["message"] for e in events if e.get("reason") == "FailedScheduling"), None)
+
+    def second_up_no_changes_cluster(self) -> str:
+        self.pulumi("preview", "--expect-no-changes", stack="cluster")
+        self.timed("noopUpClusterSeconds", "up", "--yes", "--skip-preview", "--expect-no-changes", stack="cluster")
+        changes = self.last_update_changes("cluster")
+        require(set(changes) <= {"same"}, f"the second up changed {changes}")
+        return f"no changes ({changes.get('same', 0)} resources the same)"
+
+    def destroy_retains_pv(self) -> str:
+        self.pulumi("destroy", "--yes", "--skip-preview", stack="cluster", timeout=1800)
+        left = [f"{o['kind']}/{o['metadata']['name']}" for o in self.get("deployments,jobs,services,ingresses", "-n", NAMESPACE)["items"]]
+        require(not left, f"workloads left after destroy: {left}")
+        volume = self.get("pv", f"{NAMESPACE}-models")
+        require(volume["spec"].get("persistentVolumeReclaimPolicy") == "Retain", "the PV is not Retain")
+        require(volume["spec"].get("local", {}).get("path") == "/mnt/models", f"the PV points at {volume['spec'].get('local')}")
+        claim = self.get("pvc", "models", "-n", NAMESPACE)
+        phase = volume["status"].get("phase")
+        # The claim and namespace are kept too (retain_on_delete), so the volume stays Bound to the same claim.
+        require(phase == "Bound" and claim["status"].get("phase") == "Bound", f"PV {phase}, claim {claim['status'].get('phase')}")
+        return f"workloads gone; PV {NAMESPACE}-models Retain, {phase} to the kept claim, path /mnt/models"
+
+
+def _fit_deployment(app: str, gpus: int, replicas: int) -> str:
+    return yaml.safe_dump({
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": app, "namespace": "fit"},
+        "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": app}}, "template": {
+            "metadata": {"labels": {"app": app}},
+            "spec": {"nodeSelector": {"nvidia.com/gpu.product": FIT_PRODUCT},
+                     "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+                     "containers": [{"name": "vllm", "image": "vllm/vllm-openai:v0.11.0",
+                                     "resources": {"requests": {"cpu": "4", "memory": "16Gi"},
+                                                   "limits": {"nvidia.com/gpu": str(gpus), "memory": "16Gi"}}}]}}},
+    })
