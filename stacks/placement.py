@@ -44,6 +44,10 @@ def stranded_pod(nodes: Sequence[int], pods: Sequence[int]) -> Stranding | None:
 def _blocking_placement(nodes: tuple[int, ...], others: tuple[int, ...], size: int) -> Stranding | None:
     """Place a subset of `others` so that every node that could hold `size` has fewer than `size` free."""
     candidates = [i for i, capacity in enumerate(nodes) if capacity >= size]
+    # To strand it, the other pods must fill every node that could hold it past `capacity - size`:
+    # when they do not add up to that, no placement does (the common case, decided without a search).
+    if sum(others) < sum(nodes[i] - size + 1 for i in candidates):
+        return None
     states = 0
 
     @cache

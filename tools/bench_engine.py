@@ -21,6 +21,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from tools.e2e.run import Run, copy_project, engine_env, rendering, stack_raw
 from tools.render import ROOT, run_program
@@ -28,24 +29,34 @@ from tools.render import ROOT, run_program
 OUT = ROOT / "docs" / "benchmarks-engine.md"
 BARE_PROGRAM = '''\
 import pulumi
+import pulumi_command as command
 import pulumi_kubernetes as k8s
 
-count = int(pulumi.Config().require("count"))
-provider = k8s.Provider("yaml", render_yaml_to_directory=pulumi.Config().require("folder"))
-for i in range(count):
+config = pulumi.Config()
+count, commands = int(config.require("count")), int(config.require("commands"))
+provider = k8s.Provider("yaml", render_yaml_to_directory=config.require("folder"))
+for i in range(commands):
+    command.local.Command(f"cmd-{i}", create="true")
+for i in range(count - commands):
     k8s.core.v1.ConfigMap(f"cm-{i}", metadata={"name": f"cm-{i}"}, data={"i": str(i)},
                           opts=pulumi.ResourceOptions(provider=provider))
 '''
 
 
 def bare_project(folder: Path) -> Path:
-    """A program with no logic: `count` ConfigMaps on a YAML-writing provider."""
+    """A program with no logic and the same providers: `commands` local Commands (each runs `true`),
+    the rest of `count` ConfigMaps on a YAML-writing kubernetes provider."""
     folder.mkdir(parents=True)
     (folder / "Pulumi.yaml").write_text(
         "name: bare\nruntime:\n  name: python\n  options:\n    toolchain: pip\n    virtualenv: venv\n")
     (folder / "__main__.py").write_text(BARE_PROGRAM)
     (folder / "venv").symlink_to(ROOT / "venv")
     return folder
+
+
+def shape(render: Any) -> tuple[int, int]:
+    """(resources, of which SSH Commands) a render declares."""
+    return len(render.resources), len(render.of_type("command:remote:Command"))
 
 
 def seconds(run: Run, *args: str, stack: str) -> float:
@@ -63,7 +74,7 @@ def median_pair(first: tuple[Run, tuple[str, ...], str], second: tuple[Run, tupl
     return statistics.median(a), statistics.median(b)
 
 
-def markdown(resources: int, preview: tuple[float, float], lab_resources: int, noop: tuple[float, float],
+def markdown(resources: int, preview: tuple[float, float], lab: tuple[int, int], noop: tuple[float, float],
              versions: dict[str, str], runs: int) -> str:
     return "\n".join([
         f"Written by `make bench-engine` (`python -m tools.bench_engine`); median of {runs} runs each, alternating, "
@@ -73,12 +84,13 @@ def markdown(resources: int, preview: tuple[float, float], lab_resources: int, n
         "|---|---|---|---|",
         f"| `pulumi preview` of the prod stack ({resources} resources, policy pack off) | {preview[0]:.2f} | {preview[1]:.2f} | "
         f"**{preview[0] / preview[1]:.2f}×** (target ≤ 1.3×) |",
-        f"| `pulumi up` with nothing to do, lab stack ({lab_resources} resources, 8 node steps) | {noop[0]:.2f} | {noop[1]:.2f} | "
+        f"| `pulumi up` with nothing to do, lab stack ({lab[0]} resources, {lab[1]} node steps) | {noop[0]:.2f} | {noop[1]:.2f} | "
         f"{noop[0] / noop[1]:.2f}× |",
         "",
-        "The bare program declares as many ConfigMaps as the stack has resources (components included), on the same "
-        "YAML-writing kubernetes provider, through the same CLI and language host. A no-op `pulumi up` runs no "
-        "Command: the node steps' inputs are unchanged, so the engine only diffs them.",
+        "The bare program declares as many resources as the stack (components included), as many of them Commands "
+        "as the stack has node steps (local ones that run `true`, through the same command provider) and the rest "
+        "ConfigMaps on the same YAML-writing kubernetes provider, through the same CLI and language host. A no-op "
+        "`pulumi up` runs no Command: the node steps' inputs are unchanged, so the engine only diffs them.",
     ])
 
 
@@ -103,9 +115,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         prod = rendering(stack_raw("prod"), tmp / "yaml-prod")
         program.new_stack("prod", prod, {"sshPrivateKey": "unused", "sshHostKeyWorker02": "unused"})
-        resources = len(run_program("prod", stack_file=program.project / "Pulumi.prod.yaml").resources)
+        resources, commands = shape(run_program("prod", stack_file=program.project / "Pulumi.prod.yaml"))
         bare.pulumi("stack", "init", "bare", "--secrets-provider", "passphrase")
-        for key, value in (("count", str(resources)), ("folder", str(tmp / "yaml-bare"))):
+        for key, value in (("count", str(resources)), ("commands", str(commands)), ("folder", str(tmp / "yaml-bare"))):
             bare.pulumi("config", "set", key, value, stack="bare")
         preview = median_pair((program, ("preview",), "prod"), (bare, ("preview",), "bare"), args.runs)
 
@@ -113,8 +125,9 @@ def main(argv: list[str] | None = None) -> int:
         lab = rendering(stack_raw("lab"), tmp / "yaml-lab")
         lab["nodes"][0]["ssh"]["port"] = vm.port
         program.new_stack("lab", lab, {"sshPrivateKey": vm.key_path.read_text()})
-        lab_resources = len(run_program("lab", stack_file=program.project / "Pulumi.lab.yaml").resources)
+        lab_resources, lab_commands = shape(run_program("lab", stack_file=program.project / "Pulumi.lab.yaml"))
         bare.pulumi("config", "set", "count", str(lab_resources), stack="bare")
+        bare.pulumi("config", "set", "commands", str(lab_commands), stack="bare")
         program.pulumi("up", "--yes", "--skip-preview", stack="lab", timeout=3600)
         bare.pulumi("up", "--yes", "--skip-preview", stack="bare")
         noop = median_pair((program, ("up", "--yes", "--skip-preview", "--expect-no-changes"), "lab"),
@@ -124,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         vm.stop()
         shutil.rmtree(tmp, ignore_errors=True)
-    args.out.write_text(markdown(resources, preview, lab_resources, noop, versions, args.runs) + "\n")
+    args.out.write_text(markdown(resources, preview, (lab_resources, lab_commands), noop, versions, args.runs) + "\n")
     print(f"wrote {args.out}: preview {preview[0] / preview[1]:.2f}x the bare program, no-op up {noop[0]:.1f} s")
     return 0
 

@@ -75,13 +75,9 @@ class ClusterEndToEnd(EndToEnd):
     # ---- tools ----------------------------------------------------------------------------
 
     def cluster_sh(self, *args: str, check: bool = True, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-        env = {**self.env, "GS_CLUSTER_DIR": str(self.cluster_dir), **self.cluster_env}
-        proc = subprocess.run(["bash", str(CLUSTER_SH), *args], env=env, capture_output=True, text=True, timeout=timeout)
-        with self.log.open("a") as log:
-            log.write(f"$ cluster.sh {' '.join(args)}\n{proc.stdout}{proc.stderr}[exit {proc.returncode}]\n\n")
-        if check and proc.returncode != 0:
-            raise CheckError(f"cluster.sh {' '.join(args)} exited {proc.returncode}: {tail(proc.stderr)}")
-        return proc
+        env = {"GS_CLUSTER_DIR": str(self.cluster_dir), **self.cluster_env}
+        return self.logged(["bash", str(CLUSTER_SH), *args], shown=f"cluster.sh {' '.join(args)}", check=check,
+                           timeout=timeout, env=env)
 
     def kubectl(self, *args: str, stdin: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
         argv = [f"{self.cluster_env['GS_CLUSTER_BIN']}/kubectl", *args]
@@ -283,11 +279,8 @@ class ClusterEndToEnd(EndToEnd):
         return next((e["message"] for e in events if e.get("reason") == "FailedScheduling"), None)
 
     def second_up_no_changes_cluster(self) -> str:
-        self.pulumi("preview", "--expect-no-changes", stack="cluster")
-        self.timed("noopUpClusterSeconds", "up", "--yes", "--skip-preview", "--expect-no-changes", stack="cluster")
-        changes = self.last_update_changes("cluster")
-        require(set(changes) <= {"same"}, f"the second up changed {changes}")
-        return f"no changes ({changes.get('same', 0)} resources the same)"
+        same = self.second_up_changes_nothing("cluster", "noopUpClusterSeconds")
+        return f"preview and up: no changes ({same} resources the same)"
 
     def destroy_retains_pv(self) -> str:
         self.pulumi("destroy", "--yes", "--skip-preview", stack="cluster", timeout=1800)

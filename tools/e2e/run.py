@@ -54,18 +54,20 @@ class Run:
 
     # ---- running the CLI ------------------------------------------------------------------
 
-    def pulumi(self, *args: str, stack: str | None = None, stdin: str | None = None, check: bool = True,
-               timeout: float = 1800, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-        argv = ["pulumi", *args, "--non-interactive", "--color=never"]
-        if stack:
-            argv += ["--stack", stack]
+    def logged(self, argv: list[str], *, shown: str, stdin: str | None = None, check: bool = True, timeout: float = 1800,
+               env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        """Run a command of the e2e in the project copy, its output appended to the run's log."""
         proc = subprocess.run(argv, cwd=self.project, env={**self.env, **(env or {})}, input=stdin, capture_output=True,
                               text=True, timeout=timeout)
         with self.log.open("a") as log:
             log.write(f"$ {' '.join(argv)}\n{proc.stdout}{proc.stderr}[exit {proc.returncode}]\n\n")
         if check and proc.returncode != 0:
-            raise CheckError(f"`pulumi {' '.join(args)}` exited {proc.returncode}: {tail(proc.stdout + proc.stderr)}")
+            raise CheckError(f"`{shown}` exited {proc.returncode}: {tail(proc.stdout + proc.stderr)}")
         return proc
+
+    def pulumi(self, *args: str, stack: str | None = None, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+        argv = ["pulumi", *args, "--non-interactive", "--color=never", *(["--stack", stack] if stack else [])]
+        return self.logged(argv, shown=f"pulumi {' '.join(args)}", **kwargs)
 
     def timed(self, figure: str, *args: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
         start = time.monotonic()
@@ -96,6 +98,15 @@ class Run:
     def last_update_changes(self, stack: str) -> dict[str, int]:
         history = json.loads(self.pulumi("stack", "history", "--json", stack=stack).stdout)
         return history[0].get("resourceChanges") or {}
+
+    def second_up_changes_nothing(self, stack: str, figure: str) -> int:
+        """`preview --expect-no-changes`, then a timed `up` that must change nothing (so runs no Command);
+        the number of resources it left the same."""
+        self.pulumi("preview", "--expect-no-changes", stack=stack)
+        self.timed(figure, "up", "--yes", "--skip-preview", "--expect-no-changes", stack=stack)
+        changes = self.last_update_changes(stack)
+        require(set(changes) <= {"same"}, f"the second up changed {changes}")
+        return changes.get("same", 0)
 
     # ---- checks ---------------------------------------------------------------------------
 
