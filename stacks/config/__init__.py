@@ -1,0 +1,24 @@
+"""Typed stack configuration: everything a `Pulumi.<stack>.yaml` may choose.
+
+The models are the one source of truth for keys, types and defaults; the README's config
+reference is written from them. Everything is validated before any resource is declared,
+and every error names the key path the user has to change. One module per top-level key
+(`cluster`, `nodes`, `modelStorage`, `models`), the cross-key checks in `stack`, and the
+error reporting in `load`.
+"""
+
+from stacks.config.base import PROJECT, ConfigError
+from stacks.config.cluster import Cluster, DevicePlugin, GpuTaint, Kubeconfig, PrometheusAdapter
+from stacks.config.load import TOP_LEVEL_KEYS, parse
+from stacks.config.models import BUNDLE_ENV, BUNDLE_FLAGS, MODEL_NAME_MAX, SECRET_LIKE, Ingress, Model, Replicas, flag_name
+from stacks.config.nodes import Gpu, Node, NodeStorage, Ssh, partition_bytes, size_gb_for
+from stacks.config.stack import StackConfig, refuse_shrinking
+from stacks.config.storage import ClassStorage, LocalStorage, ModelStorage, NfsStorage, usable_gib
+
+__all__ = [
+    "BUNDLE_ENV", "BUNDLE_FLAGS", "MODEL_NAME_MAX", "PROJECT", "SECRET_LIKE", "TOP_LEVEL_KEYS",
+    "ClassStorage", "Cluster", "ConfigError", "DevicePlugin", "Gpu", "GpuTaint", "Ingress", "Kubeconfig",
+    "LocalStorage", "Model", "ModelStorage", "NfsStorage", "Node", "NodeStorage", "PrometheusAdapter",
+    "Replicas", "Ssh", "StackConfig", "flag_name", "parse", "partition_bytes", "refuse_shrinking",
+    "size_gb_for", "usable_gib",
+]

@@ -1,0 +1,155 @@
+"""`models`: one vLLM service bundle each, and the flags and environment the bundle owns."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated
+
+from pydantic import Field, StringConstraints, field_validator, model_validator
+
+from stacks.config.base import K8sName, LabelValue, SecretKeyName, _Model
+
+
+class Ingress(_Model):
+    host: str = Field(pattern=r"^(\*\.)?[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)+$")
+    """Host name of the Ingress rule."""
+    path: str = Field("/", pattern=r"^/[A-Za-z0-9._~/-]*$")
+    """Path prefix; a sub-path is stripped before it reaches vLLM."""
+    tls_secret: K8sName | None = None
+    """Secret for the certificate; cert-manager fills it when the cluster has an issuer."""
+
+
+class Replicas(_Model):
+    min: int = Field(1, ge=0, le=100)
+    """Fewest pods (at least 1: the queue metric comes from the pods)."""
+    max: int = Field(1, ge=1, le=100)
+    """Most pods; max × gpusPerReplica counts against the nodes' GPUs."""
+    target_requests_waiting: int = Field(3, ge=1, le=10_000)
+    """Autoscaling target: average `vllm:num_requests_waiting` per pod."""
+
+    @field_validator("min")
+    @classmethod
+    def _not_zero(cls, value: int) -> int:
+        if value == 0:
+            # The queue gauge is exported by the vLLM pods themselves: at zero pods there is no
+            # metric, so no autoscaler could ever scale back up.
+            raise ValueError("0 replicas can never scale up again (the queue metric comes from the vLLM pods); use 1 or more")
+        return value
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Replicas:
+        if self.min > self.max:
+            raise ValueError(f"min ({self.min}) must be ≤ max ({self.max})")
+        return self
+
+
+ImageRef = Annotated[
+    str,
+    StringConstraints(pattern=r"^[a-z0-9][a-z0-9._/:-]*[a-z0-9](:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}|@sha256:[0-9a-f]{64})$"),
+]
+
+
+# Flags the bundle sets from typed config (or must not be changed behind its back). Aliases
+# included: vLLM's parser accepts `_` for `-` and short forms such as `-tp`.
+BUNDLE_FLAGS = {
+    "--model": "huggingFaceId", "--served-model-name": "name", "--revision": "revision",
+    "--tokenizer-revision": "revision", "--host": "the bundle (0.0.0.0)", "--port": "the bundle (8000)",
+    "--download-dir": "the bundle (the model volume)", "--tensor-parallel-size": "gpusPerReplica", "-tp": "gpusPerReplica",
+    "--pipeline-parallel-size": "gpusPerReplica (one pod owns exactly its GPUs)", "-pp": "gpusPerReplica (one pod owns exactly its GPUs)",
+    "--data-parallel-size": "replicas", "-dp": "replicas",
+    "--gpu-memory-utilization": "gpuMemoryUtilization", "--max-model-len": "maxModelLen",
+    "--api-key": "apiKeySecret (a literal would land in the manifest)",
+    "--disable-log-stats": "nothing: it removes the queue metric autoscaling and monitoring read",
+}
+# Environment the bundle sets; overriding it breaks offline start, the secrets or GPU isolation.
+BUNDLE_ENV = {
+    "HF_TOKEN": "hfTokenSecret", "HUGGING_FACE_HUB_TOKEN": "hfTokenSecret", "VLLM_API_KEY": "apiKeySecret",
+    "HF_HUB_OFFLINE": "the bundle (serving pods never download)", "HF_HOME": "the bundle (the model volume)",
+    "HF_HUB_CACHE": "the bundle (the model volume)", "TRANSFORMERS_OFFLINE": "the bundle",
+    "CUDA_VISIBLE_DEVICES": "the device plugin (a pod sees only its GPUs)",
+    "NVIDIA_VISIBLE_DEVICES": "the device plugin (a pod sees only its GPUs)",
+}
+# Object names are `vllm-<name>` plus suffixes up to `-dl-<8 hex>` (Job names are also pod label values: ≤ 63).
+MODEL_NAME_MAX = 40
+
+
+def flag_name(arg: str) -> str | None:
+    """`--tensor_parallel_size=2` → `--tensor-parallel-size`; None for a value."""
+    if not arg.startswith("-") or arg == "-" or arg[1:2].isdigit():
+        return None
+    name = arg.split("=", 1)[0]
+    return "-" * (len(name) - len(name.lstrip("-"))) + name.lstrip("-").replace("_", "-")
+
+
+class Model(_Model):
+    name: K8sName
+    """Kubernetes name of the model's objects and vLLM's `--served-model-name`."""
+    hugging_face_id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+    """Hugging Face repository, `org/name`."""
+    revision: str = Field("main", pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,99}$")
+    """Branch, tag or commit of the repository; pin a commit for reproducible serving."""
+    image: ImageRef = "vllm/vllm-openai:v0.11.0"
+    """vLLM image with a pinned tag or digest (`latest` is refused)."""
+    gpu_product: LabelValue
+    """`nodes[].gpu.product` of the nodes this model runs on."""
+    gpus_per_replica: int = Field(1, ge=1, le=64)
+    """GPUs per pod, all on one node; also `--tensor-parallel-size`."""
+    max_model_len: int = Field(8192, ge=128, le=10_000_000)
+    """`--max-model-len`: context length, bounds the KV cache."""
+    gpu_memory_utilization: float = Field(0.90, gt=0.0, le=1.0)
+    """`--gpu-memory-utilization`: share of GPU memory vLLM may take."""
+    weights_gb: float = Field(gt=0, le=100_000)
+    """Approximate size of the weights on disk; sizes the startup probe and the storage check."""
+    replicas: Replicas = Replicas()
+    """Replica range; an autoscaler is created when min < max."""
+    ingress: Ingress | None = None
+    """Expose the model outside the cluster through an Ingress."""
+    extra_args: list[Annotated[str, StringConstraints(min_length=1, max_length=4096)]] = []
+    """More `vllm serve` flags; flags the bundle owns (model, port, download dir, parallelism…) are refused."""
+    env: dict[Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")], str] = {}
+    """More environment variables, literal values only; secret-looking names are refused."""
+    api_key_secret: SecretKeyName | None = None
+    """Secret config key holding the vLLM API key; unset serves without one."""
+    cpu: str = Field("4", pattern=r"^[0-9]+(\.[0-9]+|m)?$")
+    """CPU request of each pod (no CPU limit: throttling hurts inference)."""
+    memory: str = Field("16Gi", pattern=r"^[0-9]+(Ki|Mi|Gi|Ti)$")
+    """Memory request; the limit adds the /dev/shm size."""
+    smoke_test: bool = True
+    """After each rollout, a Job asks the model for one token; `pulumi up` fails when inference does not answer."""
+
+    @field_validator("image")
+    @classmethod
+    def _pinned(cls, image: str) -> str:
+        if image.endswith(":latest"):
+            raise ValueError(f"{image!r} is not pinned; use a version tag such as vllm/vllm-openai:v0.11.0")
+        return image
+
+    @field_validator("name")
+    @classmethod
+    def _short_enough(cls, name: str) -> str:
+        if len(name) > MODEL_NAME_MAX:
+            raise ValueError(f"at most {MODEL_NAME_MAX} characters: object names are vllm-<name> plus suffixes and must stay ≤ 63")
+        return name
+
+    @field_validator("extra_args")
+    @classmethod
+    def _not_bundle_flags(cls, args: list[str]) -> list[str]:
+        for arg in args:
+            flag = flag_name(arg)
+            if flag in BUNDLE_FLAGS:
+                raise ValueError(f"{arg!r}: {flag} is set by the bundle from {BUNDLE_FLAGS[flag]}; change that key instead")
+        return args
+
+    @field_validator("env")
+    @classmethod
+    def _no_literal_secrets(cls, env: dict[str, str]) -> dict[str, str]:
+        for name in env:
+            if SECRET_LIKE.search(name):
+                raise ValueError(f"{name} looks like a secret; literal env values land in the manifest, use *Secret keys")
+            if name in BUNDLE_ENV:
+                raise ValueError(f"{name} is set by the bundle from {BUNDLE_ENV[name]}; remove it from env")
+        return env
+
+
+SECRET_LIKE = re.compile(r"TOKEN|SECRET|PASSW|API_?KEY|PRIVATE|CREDENTIAL", re.IGNORECASE)
+

@@ -1,0 +1,111 @@
+"""`nodes`: how each GPU node is reached, what GPUs it has and which disks it mirrors."""
+
+from __future__ import annotations
+
+import posixpath
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from stacks.config.base import RAID_NAME, LabelValue, NodeName, SafePath, SecretKeyName, _Model
+
+
+class Ssh(_Model):
+    host: str = Field(min_length=1, max_length=253, pattern=r"^[A-Za-z0-9.:_-]+$")
+    """Address or name the machine running `pulumi` reaches the node's sshd at."""
+    port: int = Field(22, ge=1, le=65535)
+    """sshd port."""
+    user: str = Field("root", pattern=r"^[a-z_][a-z0-9_-]{0,31}$")
+    """Login user; the steps need root (bash as login shell)."""
+    private_key_secret: SecretKeyName = "sshPrivateKey"
+    """Secret config key holding the SSH private key (PEM/OpenSSH text)."""
+    host_key_secret: SecretKeyName | None = None
+    """Secret config key holding the node's SSH host public key; unset disables host-key pinning."""
+
+
+class Gpu(_Model):
+    product: LabelValue = Field(min_length=1)
+    """Value of the GPU product node label; models choose nodes by it."""
+    count: int = Field(ge=1, le=256)
+    """`nvidia.com/gpu` the node advertises: cards, or MIG slices (16 cards × 7 slices = 112)."""
+
+
+class NodeStorage(_Model):
+    disks: list[SafePath] = Field(max_length=2)
+    """The two mirror members, whole disks; `/dev/disk/by-id/...` survives reordering. Empty: no disk work."""
+    size_gb: int = Field(1000, ge=1, le=1_000_000)
+    """Partition size on each member, in GB (10^9 bytes)."""
+    raid_name: str = Field("models", pattern=RAID_NAME)
+    """Array name: the array is `/dev/md/<raidName>`, the GPT partitions are named `gs-<raidName>`."""
+    mountpoint: SafePath = "/mnt/models"
+    """Where the array is mounted on the node; the node-local PV points here."""
+    filesystem: Literal["xfs"] = "xfs"
+    """Filesystem made on the array (XFS: grows online)."""
+    device_timeout_seconds: int = Field(30, ge=1, le=3600)
+    """How long systemd waits for the array at boot before giving up on the (nofail) mount."""
+
+    @field_validator("disks")
+    @classmethod
+    def _two_distinct_disks(cls, disks: list[str]) -> list[str]:
+        if len(disks) not in (0, 2):
+            raise ValueError(f"a RAID1 mirror needs exactly 2 disks (or [] for no disk work), got {len(disks)}")
+        if len(disks) == 2 and disks[0] == disks[1]:
+            raise ValueError(f"the two disks must differ, both are {disks[0]!r}")
+        return disks
+
+    @field_validator("mountpoint")
+    @classmethod
+    def _not_system_dir(cls, mountpoint: str) -> str:
+        normal = posixpath.normpath(mountpoint)
+        if normal != mountpoint.rstrip("/") or normal in SYSTEM_DIRS:
+            raise ValueError(f"{mountpoint!r} is a system directory or not a normalised path; use e.g. /mnt/models")
+        return normal
+
+    @property
+    def device(self) -> str:
+        return f"/dev/md/{self.raid_name}"
+
+    @property
+    def partition_name(self) -> str:
+        return f"gs-{self.raid_name}"
+
+    @property
+    def partition_bytes(self) -> int:
+        return partition_bytes(self.size_gb)
+
+
+def partition_bytes(size_gb: int) -> int:
+    """Partition size: `sizeGb` GB (10^9 bytes) rounded down to whole MiB, so that a 1 MiB-aligned
+    start gives an optimally aligned end and parted never adjusts it."""
+    return size_gb * 10**9 // 2**20 * 2**20
+
+
+def size_gb_for(part_bytes: int) -> int:
+    """The smallest `sizeGb` whose partition holds `part_bytes`."""
+    size_gb = max(1, -(-part_bytes // 10**9))
+    while partition_bytes(size_gb) < part_bytes:
+        size_gb += 1
+    return size_gb
+
+
+SYSTEM_DIRS = frozenset(
+    ["/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib64", "/mnt", "/opt", "/proc", "/root",
+     "/run", "/sbin", "/srv", "/sys", "/tmp", "/usr", "/var", "/var/lib", "/var/lib/kubelet"]
+)
+
+
+class Node(_Model):
+    name: NodeName
+    """The Kubernetes node name (what `kubectl get nodes` shows)."""
+    ssh: Ssh
+    """How `pulumi up` reaches the node."""
+    gpu: Gpu
+    """The node's GPUs, as labels and for the capacity checks."""
+    storage: NodeStorage | None = None
+    """Model disk preparation; unset or `disks: []` means this node does no disk work."""
+    container_runtime: Literal["containerd", "k3s", "rke2", "none"] = "containerd"
+    """Runtime to configure for NVIDIA (`none`: leave it alone). k3s and rke2 need `cluster.runtimeClassName`."""
+
+    @property
+    def prepares_disks(self) -> bool:
+        return self.storage is not None and len(self.storage.disks) == 2

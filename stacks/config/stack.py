@@ -1,0 +1,233 @@
+"""The whole stack: cross-key checks (names, capacity, GPU fit) and checks against the deployed stack."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import Field, model_validator
+
+from stacks.config.base import ConfigError, SecretKeyName, _at, _Model, _unique
+from stacks.config.cluster import Cluster
+from stacks.config.models import Model
+from stacks.config.nodes import Node, size_gb_for
+from stacks.config.storage import ModelStorage, usable_gib
+from stacks.placement import stranded_pod
+
+
+class StackConfig(_Model):
+    cluster: Cluster
+    """Cluster-wide choices."""
+    nodes: list[Node] = Field(min_length=1)
+    """The GPU nodes this stack prepares and labels."""
+    model_storage: ModelStorage
+    """Where model files live; see the three `type`s below."""
+    models: list[Model] = []
+    """Models to serve, one vLLM service bundle each."""
+    hf_token_secret: SecretKeyName = "hfToken"
+    """Secret config key holding the Hugging Face token."""
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> StackConfig:
+        _unique(self.nodes, "name", "nodes")
+        _unique(self.models, "name", "models")
+        self._check_same_host_collisions()
+        self._check_storage_node()
+        self._check_models()
+        self._check_runtimes()
+        return self
+
+    def _check_runtimes(self) -> None:
+        # k3s/rke2 add the `nvidia` runtime but never make it the default: GPU pods must name it.
+        for i, node in enumerate(self.nodes):
+            if node.container_runtime in ("k3s", "rke2") and self.cluster.runtime_class_name is None:
+                raise _at(
+                    f"nodes[{i}].containerRuntime",
+                    f"{node.container_runtime} does not make the NVIDIA runtime its default, so GPU pods must name it: "
+                    "set cluster.runtimeClassName: nvidia",
+                )
+
+    def _check_same_host_collisions(self) -> None:
+        # Two node entries may point at one machine (e.g. a lab VM); their arrays and mounts must not meet.
+        seen: dict[tuple[str, str, str], int] = {}
+        for i, node in enumerate(self.nodes):
+            if node.storage is None or not node.prepares_disks:
+                continue
+            claims = [("raidName", node.storage.raid_name), ("mountpoint", node.storage.mountpoint)]
+            claims += [("disks", disk) for disk in node.storage.disks]
+            for key, value in claims:
+                other = seen.setdefault((node.ssh.host, key, value), i)
+                if other != i:
+                    raise _at(f"nodes[{i}].storage.{key}", f"{value!r} is already used by nodes[{other}] on host {node.ssh.host}")
+
+    def _check_storage_node(self) -> None:
+        storage = self.model_storage
+        if storage.type != "local":
+            return
+        node = self.node(storage.node)
+        if node is None:
+            names = ", ".join(n.name for n in self.nodes)
+            raise _at("modelStorage.node", f"{storage.node!r} is not a configured node (configured: {names})")
+        if not node.prepares_disks:
+            raise _at("modelStorage.node", f"node {storage.node!r} has no `storage.disks`, so there is no RAID mount to serve models from")
+
+    def _check_models(self) -> None:
+        self._check_replicas_and_routes()
+        demand: Counter[str] = Counter()
+        for i, model in enumerate(self.models):
+            nodes = [n for n in self.nodes if n.gpu.product == model.gpu_product]
+            if not nodes:
+                products = sorted({n.gpu.product for n in self.nodes})
+                raise _at(f"models[{i}].gpuProduct", f"{model.gpu_product!r} matches no node (products: {', '.join(products)})")
+            largest = max(n.gpu.count for n in nodes)
+            if model.gpus_per_replica > largest:
+                raise _at(
+                    f"models[{i}].gpusPerReplica",
+                    f"{model.gpus_per_replica} GPUs, but the largest {model.gpu_product} node has {largest}; "
+                    "one pod cannot span nodes (tensor parallelism needs all its GPUs on one node)",
+                )
+            demand[model.gpu_product] += model.replicas.max * model.gpus_per_replica
+        for product, wanted in demand.items():
+            have = sum(n.gpu.count for n in self.nodes if n.gpu.product == product)
+            if wanted > have:
+                raise _at(
+                    "models",
+                    f"at max replicas the models need {wanted} {product} GPUs but the nodes declare {have}; "
+                    "the extra pods would stay Pending with 'Insufficient nvidia.com/gpu' — lower replicas.max or add nodes",
+                )
+        self._check_per_node_fit()
+        total = sum(m.weights_gb for m in self.models)
+        capacity_gb = self.capacity_gib * 2**30 / 10**9
+        if total > capacity_gb:
+            raise _at(
+                "models",
+                f"the weights add up to {total:g} GB but the model volume holds {capacity_gb:.0f} GB "
+                f"({self.capacity_gib} GiB) — raise the partition size or the shared volume's sizeGi",
+            )
+        if self.model_storage.type != "local" or not self.models:
+            return
+        # A local PV pins every pod that mounts it to the storage node: the scheduler never
+        # places them elsewhere, so that node alone must hold every replica.
+        home = self.node(self.model_storage.node)
+        assert home is not None
+        for i, model in enumerate(self.models):
+            if model.gpu_product != home.gpu.product:
+                raise _at(
+                    f"models[{i}].gpuProduct",
+                    f"{model.gpu_product!r}, but node-local model storage lives on {home.name} ({home.gpu.product}); "
+                    "its pods could never schedule — use shared storage (modelStorage.type: nfs or storageClass)",
+                )
+        wanted = sum(m.replicas.max * m.gpus_per_replica for m in self.models)
+        if wanted > home.gpu.count:
+            raise _at(
+                "models",
+                f"at max replicas the models need {wanted} GPUs, but node-local storage keeps every pod on "
+                f"{home.name} ({home.gpu.count} GPUs) and a ReadWriteOnce volume cannot attach to a second node — "
+                "use shared storage (modelStorage.type: nfs or storageClass) or lower replicas.max",
+            )
+
+    def _check_per_node_fit(self) -> None:
+        for product in sorted({m.gpu_product for m in self.models}):
+            nodes = [n for n in self.nodes if n.gpu.product == product]
+            models = [(i, m) for i, m in enumerate(self.models) if m.gpu_product == product]
+            pods = [m.gpus_per_replica for _, m in models for _ in range(m.replicas.max)]
+            stranding = stranded_pod([n.gpu.count for n in nodes], pods)
+            if stranding is None:
+                continue
+            i = next(i for i, m in models if m.gpus_per_replica == stranding.size)
+            placed = "; ".join(
+                f"{node.name}: {' + '.join(map(str, pods_there)) or 'nothing'} ({free} free)"
+                for node, pods_there, free in zip(nodes, stranding.placement, stranding.free, strict=True)
+            )
+            raise _at(
+                f"models[{i}].gpusPerReplica",
+                f"its {stranding.size}-GPU pods can be left Pending although the {product} GPUs add up: the scheduler may "
+                f"place the other pods as {placed}, and it never moves a running pod to make room — give the models on "
+                "these nodes the same gpusPerReplica, lower replicas.max, or add a node",
+            )
+
+    def _check_replicas_and_routes(self) -> None:
+        hosts: dict[str, tuple[int, str | None]] = {}
+        routes: dict[tuple[str, str], int] = {}
+        for i, model in enumerate(self.models):
+            if self.cluster.autoscaling == "none" and model.replicas.min != model.replicas.max:
+                raise _at(
+                    f"models[{i}].replicas",
+                    f"min {model.replicas.min} ≠ max {model.replicas.max} but cluster.autoscaling is none, so nothing "
+                    "would ever scale between them — set min == max or choose hpa or keda",
+                )
+            if model.ingress is None:
+                continue
+            host, path = model.ingress.host, model.ingress.path.rstrip("/") or "/"
+            other = routes.setdefault((host, path), i)
+            if other != i:
+                raise _at(f"models[{i}].ingress.path", f"{host}{path} is already routed to models[{other}]; give each model its own path")
+            first, secret = hosts.setdefault(host, (i, model.ingress.tls_secret))
+            if secret != model.ingress.tls_secret:
+                # nginx serves one certificate per host; two secrets for one host means one is ignored.
+                raise _at(
+                    f"models[{i}].ingress.tlsSecret",
+                    f"{host} already uses tlsSecret {secret!r} in models[{first}]; one host has one certificate",
+                )
+
+    def node(self, name: str) -> Node | None:
+        return next((n for n in self.nodes if n.name == name), None)
+
+    @property
+    def capacity_gib(self) -> int:
+        """Capacity of the model volume, derived from the partition for node-local storage."""
+        storage = self.model_storage
+        if storage.type == "local":
+            node = self.node(storage.node)
+            assert node is not None and node.storage is not None
+            return usable_gib(node.storage.size_gb)
+        return storage.size_gi
+
+    @property
+    def writes_secrets(self) -> bool:
+        """Whether the stack creates Kubernetes Secrets: not when it renders YAML, where the
+        provider would write their values in plain text."""
+        return self.cluster.render_yaml_to is None
+
+    def secret_keys(self) -> list[str]:
+        """Every secret config key this stack reads, in a stable order."""
+        keys = [self.hf_token_secret] if self.models and self.writes_secrets else []
+        if self.cluster.kubeconfig and self.cluster.kubeconfig.secret:
+            keys.append(self.cluster.kubeconfig.secret)
+        for node in self.nodes:
+            keys += [k for k in (node.ssh.private_key_secret, node.ssh.host_key_secret) if k]
+        keys += [m.api_key_secret for m in self.models if m.api_key_secret and self.writes_secrets]
+        return list(dict.fromkeys(keys))
+
+
+# ---------------------------------------------------------------------------- against the deployed stack
+
+
+def refuse_shrinking(stack: StackConfig, deployed_nodes: Mapping[str, Any]) -> None:
+    """Raise ConfigError when a node's `sizeGb` is below the partitions its last `pulumi up` left.
+
+    `deployed_nodes` is the stack output `nodes` of the previous run (`GpuNode.outputs` by node
+    name). Partitions of another array or on other disks are not compared: nothing shrinks there.
+    """
+    if not isinstance(deployed_nodes, Mapping):
+        return  # not what GpuNode exports: nothing to compare with
+    for i, node in enumerate(stack.nodes):
+        storage = node.storage
+        before = deployed_nodes.get(node.name)
+        if storage is None or not node.prepares_disks or not isinstance(before, Mapping):
+            continue
+        deployed_bytes = before.get("partitionBytes")
+        if not isinstance(deployed_bytes, int | float) or isinstance(deployed_bytes, bool):
+            continue  # unknown: deployed before this output existed, or the grow step never finished
+        same_disks = set(before.get("disks") or []) & set(storage.disks)
+        if before.get("arrayDevice") != storage.device or not same_disks:
+            continue
+        if storage.partition_bytes < deployed_bytes:
+            at_least = size_gb_for(int(deployed_bytes))
+            raise ConfigError(
+                f"nodes[{i}].storage.sizeGb: {storage.size_gb} would shrink the partitions of {storage.device} on "
+                f"{node.name} ({int(deployed_bytes)} bytes each since the last pulumi up); XFS cannot shrink. "
+                f"Allowed: {at_least} or more"
+            )
+

@@ -1,0 +1,66 @@
+"""`modelStorage`: the volume that holds the weights, and its capacity derived from the partition."""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from stacks.config.base import K8sName, NodeName, SafePath, _Model
+
+# mdadm 1.2 superblocks reserve a data offset in front of the data; recent mdadm uses up to
+# 128 MiB on large members (the internal bitmap lives in that gap).
+RAID_DATA_OFFSET_BYTES = 128 * 2**20
+# XFS keeps part of the device for its log, allocation-group headers, inode chunks and the
+# reserved block pool. 2 % bounds what `df` shows missing on a fresh mkfs.xfs (measured on
+# the test VM; see README "Capacity").
+XFS_OVERHEAD_FRACTION = 0.02
+
+
+def usable_gib(size_gb: int) -> int:
+    """PersistentVolume capacity, in GiB, for a RAID1 of two `size_gb` GB partitions with XFS.
+
+    GB (10^9) to bytes, minus the mdadm data offset, minus the XFS overhead, to GiB, rounded down.
+    1000 GB gives 912 GiB (the seed hand-picked 900Gi).
+    """
+    raid_bytes = size_gb * 10**9 - RAID_DATA_OFFSET_BYTES
+    return max(0, math.floor(raid_bytes * (1 - XFS_OVERHEAD_FRACTION) / 2**30))
+
+
+class _StorageBase(_Model):
+    name: K8sName = "models"
+    """Name of the PersistentVolume and its claim."""
+
+
+class LocalStorage(_StorageBase):
+    """ReadWriteOnce on one node's RAID mount: every model pod runs on that node."""
+
+    type: Literal["local"]
+    node: NodeName
+    """A configured node whose `storage` prepares the RAID; the PV is its mountpoint."""
+
+
+class NfsStorage(_StorageBase):
+    """ReadWriteMany on an NFS export: pods may run on any GPU node."""
+
+    type: Literal["nfs"]
+    server: str = Field(min_length=1, pattern=r"^[A-Za-z0-9.:_-]+$")
+    """NFS server name or address."""
+    path: SafePath
+    """Exported path; must not squash root (the download Job writes as root)."""
+    size_gi: int = Field(ge=1)
+    """Capacity of the export in GiB (the program cannot measure a remote server)."""
+
+
+class ClassStorage(_StorageBase):
+    """ReadWriteMany from an existing storage class that provisions shared volumes."""
+
+    type: Literal["storageClass"]
+    storage_class: K8sName
+    """An existing storage class that provisions ReadWriteMany volumes."""
+    size_gi: int = Field(ge=1)
+    """Size of the claim in GiB."""
+
+
+ModelStorage = Annotated[LocalStorage | NfsStorage | ClassStorage, Field(discriminator="type")]
