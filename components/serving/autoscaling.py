@@ -1,0 +1,125 @@
+"""Scaling on the queue length: HPA (prometheus-adapter) or KEDA, never CPU."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import pulumi_kubernetes as k8s
+import yaml
+
+from components.serving.names import object_name
+from stacks.config import Cluster as ClusterConfig
+from stacks.config import Model
+
+QUEUE_GAUGE = "vllm:num_requests_waiting"
+
+
+QUEUE_METRIC = "vllm_num_requests_waiting"  # the name prometheus-adapter gives the gauge
+
+
+SCALE_DOWN_WINDOW_S = 600
+"""A new pod loads for minutes; a short window would start and stop pods in a loop."""
+
+
+SCALE_UP_PERIOD_S = 120
+
+
+def autoscaler(cluster: ClusterConfig, model: Model) -> Literal["hpa", "keda", "none"]:
+    """One owner of the replica count: with min == max there is nothing to scale."""
+    return "none" if model.replicas.min == model.replicas.max else cluster.autoscaling
+
+
+def hpa_spec(model: Model) -> k8s.autoscaling.v2.HorizontalPodAutoscalerSpecArgs:
+    v2 = k8s.autoscaling.v2
+    return v2.HorizontalPodAutoscalerSpecArgs(
+        scale_target_ref=v2.CrossVersionObjectReferenceArgs(api_version="apps/v1", kind="Deployment", name=object_name(model)),
+        min_replicas=model.replicas.min,
+        max_replicas=model.replicas.max,
+        # CPU says nothing about an inference server; its queue does.
+        metrics=[
+            v2.MetricSpecArgs(
+                type="Pods",
+                pods=v2.PodsMetricSourceArgs(
+                    metric=v2.MetricIdentifierArgs(name=QUEUE_METRIC),
+                    target=v2.MetricTargetArgs(type="AverageValue", average_value=str(model.replicas.target_requests_waiting)),
+                ),
+            )
+        ],
+        behavior=v2.HorizontalPodAutoscalerBehaviorArgs(**_behavior_args()),
+    )
+
+
+def scaling_behavior() -> dict[str, Any]:
+    """HPA `behavior`, shared by the HPA and KEDA's generated HPA. Scale up one pod at a time
+    (each needs free GPUs and minutes to load), scale down slowly."""
+    return {
+        "scaleUp": {
+            "stabilizationWindowSeconds": 0,
+            "selectPolicy": "Max",
+            "policies": [{"type": "Pods", "value": 1, "periodSeconds": SCALE_UP_PERIOD_S}],
+        },
+        "scaleDown": {
+            "stabilizationWindowSeconds": SCALE_DOWN_WINDOW_S,
+            "selectPolicy": "Max",
+            "policies": [{"type": "Pods", "value": 1, "periodSeconds": 300}],
+        },
+    }
+
+
+def _behavior_args() -> dict[str, k8s.autoscaling.v2.HPAScalingRulesArgs]:
+    v2 = k8s.autoscaling.v2
+    rules = {}
+    for key, attr in (("scaleUp", "scale_up"), ("scaleDown", "scale_down")):
+        rule = scaling_behavior()[key]
+        rules[attr] = v2.HPAScalingRulesArgs(
+            stabilization_window_seconds=rule["stabilizationWindowSeconds"],
+            select_policy=rule["selectPolicy"],
+            policies=[
+                v2.HPAScalingPolicyArgs(type=p["type"], value=p["value"], period_seconds=p["periodSeconds"]) for p in rule["policies"]
+            ],
+        )
+    return rules
+
+
+def queue_query(model: Model, namespace: str) -> str:
+    """Total queue of one model; KEDA divides by the threshold (AverageValue), as the HPA does.
+    The gauge is labelled `model_name` (= --served-model-name), not `model`."""
+    return f'sum({QUEUE_GAUGE}{{namespace="{namespace}",model_name="{model.name}"}})'
+
+
+def scaled_object(model: Model, namespace: str, prometheus_url: str) -> dict[str, Any]:
+    return {
+        "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": object_name(model)},
+        "minReplicaCount": model.replicas.min,
+        "maxReplicaCount": model.replicas.max,
+        "advanced": {"horizontalPodAutoscalerConfig": {"behavior": scaling_behavior()}},
+        "triggers": [
+            {
+                "type": "prometheus",
+                "metricType": "AverageValue",
+                "metadata": {
+                    "serverAddress": prometheus_url,
+                    "query": queue_query(model, namespace),
+                    "threshold": str(model.replicas.target_requests_waiting),
+                },
+            }
+        ],
+    }
+
+
+def adapter_rules() -> str:
+    """prometheus-adapter `config.yaml`: the per-pod queue gauge as the Pods metric the HPAs read.
+
+    Needs the scrape to attach `namespace` and `pod` labels (the usual kubernetes-pods job does).
+    """
+    rule = {
+        "seriesQuery": f'{{__name__="{QUEUE_GAUGE}",namespace!="",pod!=""}}',
+        "resources": {"overrides": {"namespace": {"resource": "namespace"}, "pod": {"resource": "pod"}}},
+        "name": {"matches": f"^{QUEUE_GAUGE}$", "as": QUEUE_METRIC},
+        "metricsQuery": "sum(<<.Series>>{<<.LabelMatchers>>}) by (<<.GroupBy>>)",
+    }
+    return yaml.safe_dump({"rules": [rule]}, sort_keys=False, width=200)
+
+
+def needs_adapter_rules(cluster: ClusterConfig, models: list[Model]) -> bool:
+    return any(autoscaler(cluster, m) == "hpa" for m in models)

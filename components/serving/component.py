@@ -1,0 +1,166 @@
+"""VllmService: the ComponentResource that wires one model's objects together."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from components.serving.autoscaling import autoscaler, hpa_spec, scaled_object
+from components.serving.edge import in_cluster_url, ingress_annotations, ingress_spec, ingress_url, network_policy_spec, service_spec
+from components.serving.jobs import SMOKE_DEADLINE_S, job_spec, smoke_job_name, smoke_job_spec
+from components.serving.names import download_job_name, labels, object_name, secret_name
+from components.serving.server import deployment_spec
+from components.serving.sizing import IMAGE_PULL_S, deployment_timeout_seconds, download_deadline_seconds
+from stacks.config import Cluster as ClusterConfig
+from stacks.config import Model
+
+
+@dataclass(frozen=True)
+class VllmServiceArgs:
+    model: Model
+    cluster: ClusterConfig
+    claim_name: pulumi.Input[str]
+    """The shared model volume's claim (ModelStorage.claim_name)."""
+    storage_is_local: bool
+    """Node-local storage lives on a (tainted) GPU node: the download Job must tolerate the taint."""
+    hf_token: pulumi.Input[str] | None
+    """None when the stack renders YAML: the Secret is then left to the cluster (see `credentials_note`)."""
+    api_key: pulumi.Input[str] | None = None
+
+
+def credentials_note(model: Model, namespace: str) -> str:
+    """What to create by hand when the stack renders YAML: the provider would write the Secret's
+    values in plain text into the folder that Argo CD or Flux reads (and teams commit)."""
+    keys = "hf-token" + (", api-key" if model.api_key_secret else "")
+    files = "--from-file=hf-token=hf-token.txt" + (" --from-file=api-key=api-key.txt" if model.api_key_secret else "")
+    return (
+        f"renderYamlTo: Secret {namespace}/{secret_name(model)} (keys {keys}) is not written, its values would be plain "
+        f"text in the YAML; create it in the cluster (sealed-secrets, external-secrets, or "
+        f"`kubectl -n {namespace} create secret generic {secret_name(model)} {files}`)"
+    )
+
+
+class VllmService(pulumi.ComponentResource):
+    """Secret, pre-download Job, Deployment, Service, NetworkPolicy, a smoke-test Job, and when
+    configured an Ingress and an autoscaler, for one model."""
+
+    url: pulumi.Output[str]
+    """OpenAI base URL inside the cluster."""
+    ingress_url: pulumi.Output[str | None]
+    served_model_name: pulumi.Output[str]
+    gpus_per_replica: pulumi.Output[int]
+    replicas: pulumi.Output[dict[str, Any]]
+
+    def __init__(self, name: str, args: VllmServiceArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("gpu-serving:serving:VllmService", name, None, opts)
+        model, cluster, namespace = args.model, args.cluster, args.cluster.namespace
+        base = object_name(model)
+
+        def meta(object_name: str, component: str) -> k8s.meta.v1.ObjectMetaArgs:
+            return k8s.meta.v1.ObjectMetaArgs(name=object_name, namespace=namespace, labels=labels(model, component))
+
+        child = pulumi.ResourceOptions(parent=self)
+        uses_api_key = model.api_key_secret is not None
+        secrets: list[pulumi.Resource] = []
+        if args.hf_token is None:
+            pulumi.log.warn(credentials_note(model, namespace), resource=self)
+        else:
+            string_data: dict[str, pulumi.Input[str]] = {"hf-token": args.hf_token}
+            if args.api_key is not None:
+                string_data["api-key"] = args.api_key
+            secrets.append(k8s.core.v1.Secret(
+                f"{name}-secrets", metadata=meta(secret_name(model), "credentials"), type="Opaque", string_data=string_data, opts=child
+            ))
+
+        pull_and_download = IMAGE_PULL_S + download_deadline_seconds(model.weights_gb)
+        job = k8s.batch.v1.Job(
+            f"{name}-download",
+            metadata=meta(download_job_name(model), "model-download"),
+            spec=job_spec(model, cluster, args.claim_name, args.storage_is_local),
+            opts=pulumi.ResourceOptions(
+                parent=self,
+                depends_on=secrets,
+                # Any other change to an immutable Job replaces it under the same name.
+                delete_before_replace=True,
+                # Pulumi waits for completion (the Deployment must not start before the files exist).
+                custom_timeouts=pulumi.CustomTimeouts(create=f"{pull_and_download}s", update=f"{pull_and_download}s"),
+            ),
+        )
+
+        rollout = f"{deployment_timeout_seconds(model.weights_gb)}s"
+        deployment = k8s.apps.v1.Deployment(
+            f"{name}-deployment",
+            metadata=meta(base, "inference-server"),
+            spec=deployment_spec(model, cluster, args.claim_name, uses_api_key),
+            opts=pulumi.ResourceOptions(
+                parent=self,
+                depends_on=[job, *secrets],
+                custom_timeouts=pulumi.CustomTimeouts(create=rollout, update=rollout),
+            ),
+        )
+        service = k8s.core.v1.Service(f"{name}-service", metadata=meta(base, "inference-server"), spec=service_spec(model), opts=child)
+        k8s.networking.v1.NetworkPolicy(
+            f"{name}-network-policy", metadata=meta(base, "inference-server"), spec=network_policy_spec(model), opts=child
+        )
+
+        if model.ingress is not None:
+            metadata = meta(base, "inference-server")
+            k8s.networking.v1.Ingress(
+                f"{name}-ingress",
+                metadata=k8s.meta.v1.ObjectMetaArgs(
+                    name=metadata.name,
+                    namespace=metadata.namespace,
+                    labels=metadata.labels,
+                    annotations=ingress_annotations(model, cluster),
+                ),
+                spec=ingress_spec(model, cluster),
+                opts=pulumi.ResourceOptions(parent=self, depends_on=[service]),
+            )
+
+        if model.smoke_test:
+            k8s.batch.v1.Job(
+                f"{name}-smoke-test",
+                metadata=meta(smoke_job_name(model), "smoke-test"),
+                spec=smoke_job_spec(model, namespace, uses_api_key),
+                opts=pulumi.ResourceOptions(
+                    parent=self,
+                    depends_on=[deployment, service],
+                    delete_before_replace=True,
+                    custom_timeouts=pulumi.CustomTimeouts(create=f"{SMOKE_DEADLINE_S + 300}s", update=f"{SMOKE_DEADLINE_S + 300}s"),
+                ),
+            )
+
+        scaler = autoscaler(cluster, model)
+        after_deployment = pulumi.ResourceOptions(parent=self, depends_on=[deployment])
+        if scaler == "hpa":
+            k8s.autoscaling.v2.HorizontalPodAutoscaler(
+                f"{name}-hpa", metadata=meta(base, "autoscaler"), spec=hpa_spec(model), opts=after_deployment
+            )
+        elif scaler == "keda":
+            k8s.apiextensions.CustomResource(
+                f"{name}-scaled-object",
+                api_version="keda.sh/v1alpha1",
+                kind="ScaledObject",
+                metadata=meta(base, "autoscaler"),
+                spec=scaled_object(model, namespace, cluster.prometheus_url),
+                opts=after_deployment,
+            )
+
+        self.url = pulumi.Output.from_input(in_cluster_url(model, namespace))
+        self.ingress_url = pulumi.Output.from_input(ingress_url(model))
+        self.served_model_name = pulumi.Output.from_input(model.name)
+        self.gpus_per_replica = pulumi.Output.from_input(model.gpus_per_replica)
+        self.replicas = pulumi.Output.from_input({"min": model.replicas.min, "max": model.replicas.max, "autoscaler": scaler})
+        self.register_outputs(
+            {
+                "url": self.url,
+                "ingressUrl": self.ingress_url,
+                "servedModelName": self.served_model_name,
+                "gpusPerReplica": self.gpus_per_replica,
+                "replicas": self.replicas,
+                "deployment": deployment.metadata.apply(lambda m: m.name),
+            }
+        )

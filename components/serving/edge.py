@@ -1,0 +1,100 @@
+"""How clients reach a model: Service, Ingress, NetworkPolicy and the URLs the stack exports."""
+
+from __future__ import annotations
+
+import pulumi_kubernetes as k8s
+
+from components.serving.names import PORT, instance_labels, object_name, selector_labels
+from stacks.config import Cluster as ClusterConfig
+from stacks.config import Model
+
+PROXY_TIMEOUT_S = 600
+
+
+def service_spec(model: Model) -> k8s.core.v1.ServiceSpecArgs:
+    return k8s.core.v1.ServiceSpecArgs(
+        type="ClusterIP",
+        selector=selector_labels(model),
+        ports=[k8s.core.v1.ServicePortArgs(name="http", port=PORT, target_port="http", protocol="TCP")],
+    )
+
+
+def ingress_route(path: str) -> tuple[str, str, str | None]:
+    """(path, pathType, rewrite target). vLLM serves /v1/... at its root, so a model under a
+    sub-path needs the prefix stripped; ImplementationSpecific because the path is a regex."""
+    path = path.rstrip("/")
+    if not path:
+        return "/", "Prefix", None
+    return f"{path}(/|$)(.*)", "ImplementationSpecific", "/$2"
+
+
+def ingress_annotations(model: Model, cluster: ClusterConfig) -> dict[str, str]:
+    assert model.ingress is not None
+    timeout = str(PROXY_TIMEOUT_S)
+    annotations = {
+        # Without these, tokens arrive in one lump at the end (seed scenario 6).
+        "nginx.ingress.kubernetes.io/proxy-buffering": "off",
+        "nginx.ingress.kubernetes.io/proxy-request-buffering": "off",
+        "nginx.ingress.kubernetes.io/proxy-http-version": "1.1",
+        # Time to first token on a long queue, and long non-streamed answers.
+        "nginx.ingress.kubernetes.io/proxy-read-timeout": timeout,
+        "nginx.ingress.kubernetes.io/proxy-send-timeout": timeout,
+        # nginx's 1m default rejects long prompts with 413.
+        "nginx.ingress.kubernetes.io/proxy-body-size": "32m",
+    }
+    _, _, rewrite = ingress_route(model.ingress.path)
+    if rewrite:
+        annotations["nginx.ingress.kubernetes.io/use-regex"] = "true"
+        annotations["nginx.ingress.kubernetes.io/rewrite-target"] = rewrite
+    if model.ingress.tls_secret and cluster.cluster_issuer:
+        annotations["cert-manager.io/cluster-issuer"] = cluster.cluster_issuer
+    return annotations
+
+
+def ingress_spec(model: Model, cluster: ClusterConfig) -> k8s.networking.v1.IngressSpecArgs:
+    assert model.ingress is not None
+    path, path_type, _ = ingress_route(model.ingress.path)
+    backend = k8s.networking.v1.IngressBackendArgs(
+        service=k8s.networking.v1.IngressServiceBackendArgs(
+            name=object_name(model), port=k8s.networking.v1.ServiceBackendPortArgs(name="http")
+        )
+    )
+    tls = None
+    if model.ingress.tls_secret:
+        tls = [k8s.networking.v1.IngressTLSArgs(hosts=[model.ingress.host], secret_name=model.ingress.tls_secret)]
+    return k8s.networking.v1.IngressSpecArgs(
+        ingress_class_name=cluster.ingress_class,
+        tls=tls,
+        rules=[
+            k8s.networking.v1.IngressRuleArgs(
+                host=model.ingress.host,
+                http=k8s.networking.v1.HTTPIngressRuleValueArgs(
+                    paths=[k8s.networking.v1.HTTPIngressPathArgs(path=path, path_type=path_type, backend=backend)]
+                ),
+            )
+        ],
+    )
+
+
+def network_policy_spec(model: Model) -> k8s.networking.v1.NetworkPolicySpecArgs:
+    """Only the API port is reachable (ingress controller, in-cluster clients, Prometheus);
+    the download Job's pods match too and listen on nothing. Egress stays open for the hub."""
+    return k8s.networking.v1.NetworkPolicySpecArgs(
+        pod_selector=k8s.meta.v1.LabelSelectorArgs(match_labels=instance_labels(model)),
+        policy_types=["Ingress"],
+        ingress=[
+            k8s.networking.v1.NetworkPolicyIngressRuleArgs(ports=[k8s.networking.v1.NetworkPolicyPortArgs(port=PORT, protocol="TCP")])
+        ],
+    )
+
+
+def in_cluster_url(model: Model, namespace: str) -> str:
+    """OpenAI base URL inside the cluster."""
+    return f"http://{object_name(model)}.{namespace}.svc:{PORT}/v1"
+
+
+def ingress_url(model: Model) -> str | None:
+    if model.ingress is None:
+        return None
+    scheme = "https" if model.ingress.tls_secret else "http"
+    return f"{scheme}://{model.ingress.host}{model.ingress.path.rstrip('/')}/v1"

@@ -1,0 +1,174 @@
+"""The run-once Jobs around the server: the pre-download Job and the post-rollout smoke test."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from components.serving.names import DOWNLOAD_DIR, PORT, STATE_DIR, labels, marker_path, object_name, secret_name
+from components.serving.server import (
+    MODEL_MOUNT_ARGS,
+    container_args,
+    gpu_toleration,
+    model_volume,
+    pod_security_context,
+    secret_env,
+    token_env,
+)
+from components.serving.sizing import download_deadline_seconds
+from stacks.config import Cluster as ClusterConfig
+from stacks.config import Model
+
+JOB_TTL_S = 7 * 24 * 3600
+
+
+SMOKE_IMAGE = "curlimages/curl:8.11.1"
+
+
+SMOKE_DEADLINE_S = 900
+"""The Deployment is Ready before the Job starts; this covers a slow first request and retries."""
+
+
+# `/health` can be green while inference fails (vllm#24207): ask for one real token. Values
+# arrive as env vars; the API key, when set, comes from the Secret and is never echoed.
+SMOKE_SCRIPT = r"""set -eu
+set -- -fsS --max-time 300
+if [ -n "${VLLM_API_KEY:-}" ]; then set -- "$@" -H "Authorization: Bearer ${VLLM_API_KEY}"; fi
+tries=0
+until curl -fsS -o /dev/null --max-time 10 "$BASE/health"; do
+  tries=$((tries + 1))
+  [ "$tries" -lt 60 ] || { echo "$BASE/health did not answer within 5 minutes" >&2; exit 1; }
+  sleep 5
+done
+models=$(curl "$@" "$BASE/v1/models")
+case "$models" in
+  *"\"id\":\"$MODEL\""*) echo "served: $MODEL" ;;
+  *) echo "/v1/models does not list $MODEL: $models" >&2; exit 1 ;;
+esac
+answer=$(curl "$@" -H "Content-Type: application/json" \
+  -d "{\"model\":\"$MODEL\",\"prompt\":\"Hello\",\"max_tokens\":1}" "$BASE/v1/completions")
+case "$answer" in
+  *'"choices"'*) echo "inference answered: $answer" ;;
+  *) echo "no completion from $MODEL: $answer" >&2; exit 1 ;;
+esac
+"""
+
+
+# Runs inside the vLLM image (it ships huggingface_hub). Values arrive as env vars, never
+# spliced into the code. The marker is written only after a complete download, so an
+# interrupted run is resumed rather than mistaken for done, and a finished one costs seconds.
+DOWNLOAD_SCRIPT = """\
+import os, pathlib, sys
+from huggingface_hub import HfApi, snapshot_download
+repo, revision = os.environ["GS_REPO"], os.environ["GS_REVISION"]
+cache, marker = os.environ["HF_HUB_CACHE"], pathlib.Path(os.environ["GS_MARKER"])
+if marker.exists():
+    print(f"{repo}@{revision} is already in {cache}: nothing to do")
+    sys.exit(0)
+ignore = ["original/*"]  # vLLM ignores these too
+if any(f.endswith(".safetensors") for f in HfApi().list_repo_files(repo, revision=revision)):
+    ignore += ["*.bin", "*.pt", "*.pth"]  # vLLM loads safetensors when both exist
+path = snapshot_download(repo, revision=revision, cache_dir=cache, ignore_patterns=ignore)
+marker.parent.mkdir(parents=True, exist_ok=True)
+marker.write_text(path + "\\n")
+print(f"{repo}@{revision} ready in {path}")
+"""
+
+
+def smoke_job_name(model: Model) -> str:
+    """A new name whenever what serves changes (image, args, env), so each rollout is tested once."""
+    served = "\n".join([model.image, *container_args(model), *(f"{k}={v}" for k, v in sorted(model.env.items()))])
+    return f"{object_name(model)}-smoke-{hashlib.sha256(served.encode()).hexdigest()[:8]}"
+
+
+def run_once_job(
+    model: Model, component: str, *, backoff: int, deadline_s: int, container: k8s.core.v1.ContainerArgs, **pod: Any
+) -> k8s.batch.v1.JobSpecArgs:
+    """A Job that runs one container to completion, with the pod hardening every Job here shares.
+    Finished Jobs keep their logs a week; once one is gone, `pulumi refresh` + `up` re-creates it."""
+    return k8s.batch.v1.JobSpecArgs(
+        backoff_limit=backoff,
+        active_deadline_seconds=deadline_s,
+        ttl_seconds_after_finished=JOB_TTL_S,
+        template=k8s.core.v1.PodTemplateSpecArgs(
+            metadata=k8s.meta.v1.ObjectMetaArgs(labels=labels(model, component)),
+            spec=k8s.core.v1.PodSpecArgs(
+                restart_policy="Never",
+                containers=[container],
+                enable_service_links=False,
+                automount_service_account_token=False,
+                security_context=pod_security_context(),
+                **pod,
+            ),
+        ),
+    )
+
+
+def read_only_security_context(**extra: Any) -> k8s.core.v1.SecurityContextArgs:
+    return k8s.core.v1.SecurityContextArgs(
+        allow_privilege_escalation=False,
+        privileged=False,
+        read_only_root_filesystem=True,
+        capabilities=k8s.core.v1.CapabilitiesArgs(drop=["ALL"]),
+        **extra,
+    )
+
+
+def job_spec(model: Model, cluster: ClusterConfig, claim_name: pulumi.Input[str], storage_is_local: bool) -> k8s.batch.v1.JobSpecArgs:
+    """The download Job. The marker file makes a re-run of a finished download a no-op."""
+    download = k8s.core.v1.ContainerArgs(
+        name="download",
+        image=model.image,  # ships huggingface_hub, and warms the image cache on the node
+        image_pull_policy="IfNotPresent",
+        command=["python3", "-c", DOWNLOAD_SCRIPT],
+        env=[
+            *token_env(model),
+            k8s.core.v1.EnvVarArgs(name="HF_HUB_CACHE", value=DOWNLOAD_DIR),
+            # Token and xet chunk caches on the volume, not on the node's small root disk.
+            k8s.core.v1.EnvVarArgs(name="HF_HOME", value=f"{STATE_DIR}/hf-home"),
+            k8s.core.v1.EnvVarArgs(name="GS_REPO", value=model.hugging_face_id),
+            k8s.core.v1.EnvVarArgs(name="GS_REVISION", value=model.revision),
+            k8s.core.v1.EnvVarArgs(name="GS_MARKER", value=marker_path(model)),
+        ],
+        resources=k8s.core.v1.ResourceRequirementsArgs(requests={"cpu": "500m", "memory": "1Gi"}, limits={"memory": "4Gi"}),
+        volume_mounts=[MODEL_MOUNT_ARGS, k8s.core.v1.VolumeMountArgs(name="tmp", mount_path="/tmp")],
+        # The downloader writes only to the volume (HF_HOME and the cache are there).
+        security_context=read_only_security_context(),
+    )
+    return run_once_job(
+        model,
+        "model-download",
+        backoff=3,
+        deadline_s=download_deadline_seconds(model.weights_gb),
+        container=download,
+        volumes=[
+            model_volume(claim_name),
+            k8s.core.v1.VolumeArgs(name="tmp", empty_dir=k8s.core.v1.EmptyDirVolumeSourceArgs(size_limit="1Gi")),
+        ],
+        # No GPU. Node-local storage: the PV's node affinity already picks the storage
+        # node, which is a GPU node, so only its taint needs tolerating.
+        tolerations=[gpu_toleration(cluster)] if storage_is_local else None,
+    )
+
+
+def smoke_job_spec(model: Model, namespace: str, api_key: bool) -> k8s.batch.v1.JobSpecArgs:
+    """Runs on any ordinary node (no GPU, no toleration) against the Service, as a client would."""
+    env = [
+        k8s.core.v1.EnvVarArgs(name="BASE", value=f"http://{object_name(model)}.{namespace}.svc:{PORT}"),
+        k8s.core.v1.EnvVarArgs(name="MODEL", value=model.name),
+    ]
+    if api_key:
+        env.append(secret_env("VLLM_API_KEY", secret_name(model), "api-key"))
+    smoke = k8s.core.v1.ContainerArgs(
+        name="smoke-test",
+        image=SMOKE_IMAGE,
+        image_pull_policy="IfNotPresent",
+        command=["/bin/sh", "-c", SMOKE_SCRIPT],
+        env=env,
+        resources=k8s.core.v1.ResourceRequirementsArgs(requests={"cpu": "10m", "memory": "16Mi"}, limits={"cpu": "200m", "memory": "64Mi"}),
+        security_context=read_only_security_context(run_as_non_root=True, run_as_user=100),
+    )
+    return run_once_job(model, "smoke-test", backoff=2, deadline_s=SMOKE_DEADLINE_S, container=smoke)

@@ -1,0 +1,61 @@
+"""Object names, labels and the paths on the model volume that every object of a model agrees on."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+from stacks.config import Model
+
+PORT = 8000
+
+
+MODEL_MOUNT = "/models"
+
+
+# huggingface_hub's cache layout (models--org--name/snapshots/<commit>/...). vLLM passes
+# `--download-dir` to `snapshot_download(cache_dir=...)`, so the Job and the server share it.
+DOWNLOAD_DIR = f"{MODEL_MOUNT}/hub"
+
+
+STATE_DIR = f"{MODEL_MOUNT}/.gpu-serving"
+
+
+def object_name(model: Model) -> str:
+    return f"vllm-{model.name}"
+
+
+def instance_labels(model: Model) -> dict[str, str]:
+    return {"app.kubernetes.io/name": "vllm", "app.kubernetes.io/instance": model.name}
+
+
+def selector_labels(model: Model) -> dict[str, str]:
+    """The serving pods only: the download Job's pods share the instance labels."""
+    return {**instance_labels(model), "app.kubernetes.io/component": "inference-server"}
+
+
+def labels(model: Model, component: str) -> dict[str, str]:
+    image = model.image.split("@", 1)[0]
+    last = image.rsplit("/", 1)[-1]
+    version = last.rsplit(":", 1)[1] if ":" in last else "digest"
+    return {
+        **instance_labels(model),
+        "app.kubernetes.io/component": component,
+        "app.kubernetes.io/part-of": "gpu-serving",
+        "app.kubernetes.io/managed-by": "pulumi",
+        "app.kubernetes.io/version": re.sub(r"[^A-Za-z0-9_.-]", "-", version)[:63],
+    }
+
+
+def download_job_name(model: Model) -> str:
+    """Jobs are immutable: a new (id, revision) gets a new name, so Pulumi creates a new Job."""
+    digest = hashlib.sha256(f"{model.hugging_face_id}@{model.revision}".encode()).hexdigest()[:8]
+    return f"{object_name(model)}-dl-{digest}"
+
+
+def marker_path(model: Model) -> str:
+    return f"{STATE_DIR}/downloads/{download_job_name(model)}.done"
+
+
+def secret_name(model: Model) -> str:
+    return f"{object_name(model)}-secrets"

@@ -1,0 +1,168 @@
+"""The vLLM server: container arguments, probes, environment, pod and Deployment."""
+
+from __future__ import annotations
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from components.serving.autoscaling import autoscaler
+from components.serving.names import DOWNLOAD_DIR, MODEL_MOUNT, PORT, labels, secret_name, selector_labels
+from components.serving.sizing import PROBE_PERIOD_S, deployment_timeout_seconds, memory_limit, shm_size_gi, startup_budget_seconds
+from stacks.config import Cluster as ClusterConfig
+from stacks.config import Model
+
+
+def container_args(model: Model) -> list[str]:
+    return [
+        f"--model={model.hugging_face_id}",
+        f"--revision={model.revision}",
+        f"--served-model-name={model.name}",  # also the `model_name` label of every vLLM metric
+        "--host=0.0.0.0",
+        f"--port={PORT}",
+        f"--download-dir={DOWNLOAD_DIR}",
+        # Exactly the pod's GPUs: a larger size makes vLLM look for Ray and time out (vllm#25775).
+        f"--tensor-parallel-size={model.gpus_per_replica}",
+        f"--gpu-memory-utilization={model.gpu_memory_utilization:g}",
+        f"--max-model-len={model.max_model_len}",
+        *model.extra_args,
+    ]
+
+
+def _health(period: int, failures: int) -> k8s.core.v1.ProbeArgs:
+    return k8s.core.v1.ProbeArgs(
+        http_get=k8s.core.v1.HTTPGetActionArgs(path="/health", port="http"),
+        period_seconds=period,
+        failure_threshold=failures,
+        timeout_seconds=5,
+    )
+
+
+def startup_probe(weights_gb: float) -> k8s.core.v1.ProbeArgs:
+    return _health(PROBE_PERIOD_S, startup_budget_seconds(weights_gb) // PROBE_PERIOD_S)
+
+
+def readiness_probe() -> k8s.core.v1.ProbeArgs:
+    return _health(10, 3)
+
+
+def liveness_probe() -> k8s.core.v1.ProbeArgs:
+    # Only after the startup probe passed; a busy engine may answer slowly, so allow 90 s.
+    return _health(30, 3)
+
+
+def secret_env(name: str, secret: str, key: str) -> k8s.core.v1.EnvVarArgs:
+    return k8s.core.v1.EnvVarArgs(
+        name=name,
+        value_from=k8s.core.v1.EnvVarSourceArgs(secret_key_ref=k8s.core.v1.SecretKeySelectorArgs(name=secret, key=key)),
+    )
+
+
+def token_env(model: Model) -> list[k8s.core.v1.EnvVarArgs]:
+    # HF_TOKEN is current; HUGGING_FACE_HUB_TOKEN is what older images and vLLM's k8s doc read.
+    return [secret_env(name, secret_name(model), "hf-token") for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")]
+
+
+def server_env(model: Model, api_key: bool) -> list[k8s.core.v1.EnvVarArgs]:
+    env = [
+        *token_env(model),
+        k8s.core.v1.EnvVarArgs(name="HF_HUB_CACHE", value=DOWNLOAD_DIR),
+        # The Job downloaded the revision; a restart must never reach the hub (seed scenario 3).
+        k8s.core.v1.EnvVarArgs(name="HF_HUB_OFFLINE", value="1"),
+    ]
+    if api_key:
+        env.append(secret_env("VLLM_API_KEY", secret_name(model), "api-key"))
+    env += [k8s.core.v1.EnvVarArgs(name=k, value=v) for k, v in sorted(model.env.items())]
+    return env
+
+
+def pod_security_context() -> k8s.core.v1.PodSecurityContextArgs:
+    return k8s.core.v1.PodSecurityContextArgs(seccomp_profile=k8s.core.v1.SeccompProfileArgs(type="RuntimeDefault"))
+
+
+def container_security_context() -> k8s.core.v1.SecurityContextArgs:
+    # The vLLM image runs as root and writes caches (torch.compile, triton, vllm) under its
+    # home: no runAsNonRoot or read-only root, but nothing beyond plain root either.
+    return k8s.core.v1.SecurityContextArgs(
+        allow_privilege_escalation=False,
+        privileged=False,
+        capabilities=k8s.core.v1.CapabilitiesArgs(drop=["ALL"]),
+    )
+
+
+def gpu_toleration(cluster: ClusterConfig) -> k8s.core.v1.TolerationArgs:
+    taint = cluster.gpu_taint
+    return k8s.core.v1.TolerationArgs(key=taint.key, operator="Equal", value=taint.value, effect=taint.effect)
+
+
+def model_volume(claim_name: pulumi.Input[str]) -> k8s.core.v1.VolumeArgs:
+    return k8s.core.v1.VolumeArgs(
+        name="models", persistent_volume_claim=k8s.core.v1.PersistentVolumeClaimVolumeSourceArgs(claim_name=claim_name)
+    )
+
+
+# Read-write even for the server: vLLM takes a file lock inside the download dir before loading.
+MODEL_MOUNT_ARGS = k8s.core.v1.VolumeMountArgs(name="models", mount_path=MODEL_MOUNT)
+
+
+def pod_spec(model: Model, cluster: ClusterConfig, claim_name: pulumi.Input[str], api_key: bool) -> k8s.core.v1.PodSpecArgs:
+    shm = shm_size_gi(model.gpus_per_replica)
+    return k8s.core.v1.PodSpecArgs(
+        containers=[
+            k8s.core.v1.ContainerArgs(
+                name="vllm",
+                image=model.image,
+                # Restarts must not depend on the registry, as they must not depend on the hub.
+                image_pull_policy="IfNotPresent",
+                args=container_args(model),
+                ports=[k8s.core.v1.ContainerPortArgs(name="http", container_port=PORT, protocol="TCP")],
+                env=server_env(model, api_key),
+                resources=k8s.core.v1.ResourceRequirementsArgs(
+                    # GPUs only as a limit (the request is defaulted equal): a card is never shared.
+                    limits={"nvidia.com/gpu": str(model.gpus_per_replica), "memory": memory_limit(model.memory, shm)},
+                    requests={"cpu": model.cpu, "memory": model.memory},
+                ),
+                volume_mounts=[MODEL_MOUNT_ARGS, k8s.core.v1.VolumeMountArgs(name="dshm", mount_path="/dev/shm")],
+                startup_probe=startup_probe(model.weights_gb),
+                readiness_probe=readiness_probe(),
+                liveness_probe=liveness_probe(),
+                security_context=container_security_context(),
+            )
+        ],
+        volumes=[
+            model_volume(claim_name),
+            k8s.core.v1.VolumeArgs(name="dshm", empty_dir=k8s.core.v1.EmptyDirVolumeSourceArgs(medium="Memory", size_limit=f"{shm}Gi")),
+        ],
+        node_selector={cluster.gpu_product_label: model.gpu_product},
+        tolerations=[gpu_toleration(cluster)],
+        runtime_class_name=cluster.runtime_class_name,
+        # Service links would put e.g. VLLM_PORT=tcp://… into the env for a Service named `vllm`,
+        # which vLLM reads as its own setting and refuses to start.
+        enable_service_links=False,
+        automount_service_account_token=False,
+        security_context=pod_security_context(),
+        termination_grace_period_seconds=60,
+    )
+
+
+def deployment_spec(model: Model, cluster: ClusterConfig, claim_name: pulumi.Input[str], api_key: bool) -> k8s.apps.v1.DeploymentSpecArgs:
+    scaled = autoscaler(cluster, model) != "none"
+    return k8s.apps.v1.DeploymentSpecArgs(
+        # An autoscaler owns the replica count: setting it here would make every `pulumi up` fight it.
+        replicas=None if scaled else model.replicas.max,
+        selector=k8s.meta.v1.LabelSelectorArgs(match_labels=selector_labels(model)),
+        # No surge: a rollout never needs a spare GPU (with a single replica this is Recreate).
+        strategy=k8s.apps.v1.DeploymentStrategyArgs(
+            type="RollingUpdate",
+            rolling_update=k8s.apps.v1.RollingUpdateDeploymentArgs(max_surge=0, max_unavailable=1),
+        ),
+        # The default 600 s would mark a big model's rollout failed while it is still loading.
+        progress_deadline_seconds=deployment_timeout_seconds(model.weights_gb),
+        revision_history_limit=3,
+        template=k8s.core.v1.PodTemplateSpecArgs(
+            metadata=k8s.meta.v1.ObjectMetaArgs(
+                labels=labels(model, "inference-server"),
+                annotations={"prometheus.io/scrape": "true", "prometheus.io/port": str(PORT), "prometheus.io/path": "/metrics"},
+            ),
+            spec=pod_spec(model, cluster, claim_name, api_key),
+        ),
+    )
