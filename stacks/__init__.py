@@ -8,6 +8,7 @@ from typing import Any
 import pulumi
 
 from stacks.config import PROJECT, TOP_LEVEL_KEYS, ConfigError, StackConfig, parse, refuse_shrinking
+from stacks.config.load import check_namespaces
 
 __all__ = ["ConfigError", "StackConfig", "deployed_outputs", "load", "parse", "read_raw", "secret"]
 
@@ -43,7 +44,12 @@ def load(config: pulumi.Config | None = None) -> StackConfig:
     from pulumi.runtime import config as runtime_config
 
     try:
+        foreign = check_namespaces(_config_names())
+        if foreign:
+            pulumi.log.warn(f"config keys this program does not read (another program's or provider's?): {', '.join(foreign)}")
         stack = parse(read_raw(config))
+        for warning in stack.warnings():
+            pulumi.log.warn(warning)
         for key in stack.secret_keys():
             if runtime_config.get_config(f"{PROJECT}:{key}") is None:
                 raise ConfigError(f"{key}: secret is not set; run `pulumi config set --secret {key}` (value from stdin)")
@@ -87,11 +93,14 @@ def secret(name: str) -> pulumi.Output[str]:
 
 
 def _namespace_keys() -> set[str]:
-    # Pulumi has no public way to list config keys; unknown keys of our namespace are typos
-    # worth reporting, so look at the same two places `Config.get` reads from.
+    prefix = f"{PROJECT}:"
+    return {name[len(prefix):] for name in _config_names() if name.startswith(prefix)}
+
+
+def _config_names() -> set[str]:
+    # Pulumi has no public way to list config keys; unknown keys (of our namespace, or under a
+    # mistyped one) are typos worth reporting, so look at the same two places `Config.get` reads from.
     from pulumi.runtime import config as runtime_config
 
-    names = set(runtime_config.CONFIG.get()) | set(runtime_config.get_config_env())
-    prefix = f"{PROJECT}:"
-    return {name[len(prefix):] for name in names if name.startswith(prefix)}
+    return set(runtime_config.CONFIG.get()) | set(runtime_config.get_config_env())
 

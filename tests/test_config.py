@@ -127,7 +127,7 @@ BAD_INPUTS = [
     ("nodes.0.storage.raidName", "md/1", "nodes[0].storage.raidName", "mdadm array name"),
     ("nodes.0.storage.filesystem", "ext4", "nodes[0].storage.filesystem", "'xfs'"),
     ("nodes.0.containerRuntime", "docker", "nodes[0].containerRuntime", "containerd"),
-    ("modelStorage.type", "hostpath", "modelStorage", "'local', 'nfs', 'storageClass'"),
+    ("modelStorage.type", "hostpath", "modelStorage.type", "'local', 'nfs', 'storageClass'"),
     ("modelStorage.node", "k8s-worker-09", "modelStorage.node", "not a configured node"),
     ("modelStorage", {"type": "nfs", "server": "nas", "path": "/export/models"}, "modelStorage.sizeGi", "required"),
     ("models.0.name", "Qwen3", "models[0].name", "Kubernetes name"),

@@ -502,18 +502,18 @@ NFS = {"type": "nfs", "server": "nas.lan", "path": "/export/models", "sizeGi": 5
         (with_models(prod_model(weightsGb=990)), "models: the weights add up to 990 GB but the model volume holds 979 GB"),
         (
             with_models(prod_model(extraArgs=["--tensor-parallel-size=2"])),
-            "models[0].extraArgs: '--tensor-parallel-size=2': --tensor-parallel-size is set by the bundle from gpusPerReplica",
+            "models[0].extraArgs[0]: '--tensor-parallel-size=2': --tensor-parallel-size is set by the bundle from gpusPerReplica",
         ),
         (
             with_models(prod_model(extraArgs=["--download_dir", "/tmp"])),
-            "models[0].extraArgs: '--download_dir': --download-dir is set by the bundle",
+            "models[0].extraArgs[0]: '--download_dir': --download-dir is set by the bundle",
         ),
-        (with_models(prod_model(extraArgs=["-tp", "2"])), "models[0].extraArgs: '-tp': -tp is set by the bundle from gpusPerReplica"),
-        (with_models(prod_model(extraArgs=["--port=9000"])), "models[0].extraArgs: '--port=9000'"),
-        (with_models(prod_model(extraArgs=["--model", "x/y"])), "models[0].extraArgs: '--model'"),
+        (with_models(prod_model(extraArgs=["-tp", "2"])), "models[0].extraArgs[0]: '-tp': -tp is set by the bundle from gpusPerReplica"),
+        (with_models(prod_model(extraArgs=["--port=9000"])), "models[0].extraArgs[0]: '--port=9000'"),
+        (with_models(prod_model(extraArgs=["--model", "x/y"])), "models[0].extraArgs[0]: '--model'"),
         (
             with_models(prod_model(extraArgs=["--api-key=abc"])),
-            "models[0].extraArgs: '--api-key=abc': --api-key is set by the bundle from apiKeySecret",
+            "models[0].extraArgs[0]: '--api-key=abc': --api-key is set by the bundle from apiKeySecret",
         ),
         (with_models(prod_model(env={"HF_HUB_OFFLINE": "0"})), "models[0].env: HF_HUB_OFFLINE is set by the bundle"),
         (

@@ -23,12 +23,12 @@ RAID_NAME = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,30}$"
 SAFE_PATH = r"^/[A-Za-z0-9._:+@/-]*$"
 
 PATTERN_HELP = {
-    DNS_LABEL: "a Kubernetes name: lowercase letters, digits and '-', a letter first, at most 63 characters",
-    DNS_SUBDOMAIN: "a Kubernetes node name: lowercase letters, digits, '-' and '.'",
-    LABEL_VALUE: "a label value: letters, digits, '-', '_' and '.', at most 63 characters",
-    CONFIG_KEY: "a Pulumi config key name: a letter, then letters, digits, '_' or '-'",
-    RAID_NAME: "an mdadm array name: letters, digits, '_' and '-', at most 31 characters",
-    SAFE_PATH: "an absolute path of letters, digits and ._:+@/- (no spaces or shell characters)",
+    DNS_LABEL: "a Kubernetes name: lowercase letters, digits and '-', a letter first, at most 63 characters, e.g. qwen3",
+    DNS_SUBDOMAIN: "a Kubernetes node name: lowercase letters, digits, '-' and '.', e.g. k8s-worker-02",
+    LABEL_VALUE: "a label value: letters, digits, '-', '_' and '.', at most 63 characters, e.g. nvidia-a100",
+    CONFIG_KEY: "a Pulumi config key name: a letter, then letters, digits, '_' or '-', e.g. hfToken",
+    RAID_NAME: "an mdadm array name: letters, digits, '_' and '-', at most 31 characters, e.g. models",
+    SAFE_PATH: "an absolute path of letters, digits and ._:+@/- (no spaces or shell characters), e.g. /dev/sda or /mnt/models",
 }
 
 K8sName = Annotated[str, StringConstraints(pattern=DNS_LABEL, max_length=63)]

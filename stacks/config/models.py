@@ -74,11 +74,47 @@ MODEL_NAME_MAX = 40
 
 
 def flag_name(arg: str) -> str | None:
-    """`--tensor_parallel_size=2` → `--tensor-parallel-size`; None for a value."""
-    if not arg.startswith("-") or arg == "-" or arg[1:2].isdigit():
+    """`--tensor_parallel_size=2` → `--tensor-parallel-size`, `-tp2` → `-tp`; None for a value."""
+    if not arg.startswith("-") or arg == "-" or arg[1:2].isdigit() or arg[1:2] == ".":
         return None
-    name = arg.split("=", 1)[0]
-    return "-" * (len(name) - len(name.lstrip("-"))) + name.lstrip("-").replace("_", "-")
+    name = arg.split("=", 1)[0].split(None, 1)[0]
+    dashes = "-" * (len(name) - len(name.lstrip("-")))
+    name = dashes + name.lstrip("-").replace("_", "-")
+    if dashes == "-":
+        # argparse reads a short option with its value attached: `-tp2` is `-tp 2`.
+        name = next((short for short in SHORT_FLAGS if name.startswith(short) and name[len(short):].isdigit()), name)
+    return name
+
+
+SHORT_FLAGS = tuple(sorted((f for f in BUNDLE_FLAGS if not f.startswith("--")), key=len, reverse=True))
+
+
+class FlagError(ValueError):
+    """An `extraArgs` element that is refused; `sub_path` names it (`[2]`) after the key path."""
+
+    def __init__(self, index: int, message: str):
+        super().__init__(message)
+        self.sub_path = f"[{index}]"
+
+
+def check_extra_args(args: list[str]) -> None:
+    """Refuse, in every form vLLM's parser accepts, a flag the bundle owns; and a flag glued to its value.
+
+    Forms: `--flag=v`, `--flag` `v` (two elements), `--flag v` (one element), `_` for `-`, and the
+    short aliases (`-tp 2`, `-tp=2`, `-tp2`).
+    """
+    for i, arg in enumerate(args):
+        flag = flag_name(arg)
+        if flag is None:
+            continue
+        if flag in BUNDLE_FLAGS:
+            raise FlagError(i, f"{arg!r}: {flag} is set by the bundle from {BUNDLE_FLAGS[flag]}; change that key instead")
+        head = arg.split("=", 1)[0]
+        if any(ch.isspace() for ch in head):
+            # The container gets each element as one argv entry: argparse takes `--flag 2` for a positional.
+            value = head.split(None, 1)[1]
+            raise FlagError(i, f"{arg!r}: a flag and its value in one element reach vLLM as one argument; "
+                               f"write {flag}={value} or two elements")
 
 
 class Model(_Model):
@@ -134,10 +170,7 @@ class Model(_Model):
     @field_validator("extra_args")
     @classmethod
     def _not_bundle_flags(cls, args: list[str]) -> list[str]:
-        for arg in args:
-            flag = flag_name(arg)
-            if flag in BUNDLE_FLAGS:
-                raise ValueError(f"{arg!r}: {flag} is set by the bundle from {BUNDLE_FLAGS[flag]}; change that key instead")
+        check_extra_args(args)
         return args
 
     @field_validator("env")

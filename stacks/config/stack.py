@@ -171,6 +171,24 @@ class StackConfig(_Model):
                     f"{host} already uses tlsSecret {secret!r} in models[{first}]; one host has one certificate",
                 )
 
+    def warnings(self) -> list[str]:
+        """Valid but probably unintended choices, one line each naming the key.
+
+        A node whose disks no model volume uses still gets its disk steps (warned, not skipped):
+        the array may be prepared ahead of a switch to local storage, or kept from before a switch
+        away from it, and a stack should not change what it does to disks behind the user's back.
+        `storage.disks: []` is the one way to skip them, and the warning says so.
+        """
+        storage = self.model_storage
+        home = storage.node if storage.type == "local" else None
+        why = f"modelStorage.type is {storage.type}" if home is None else f"the model volume lives on {home}"
+        return [
+            f"nodes[{i}].storage.disks: {node.name} partitions, mirrors and mounts {' and '.join(node.storage.disks)} "
+            f"at {node.storage.mountpoint} but nothing uses that array ({why}); set `storage.disks: []` to skip its disk steps"
+            for i, node in enumerate(self.nodes)
+            if node.storage is not None and node.prepares_disks and node.name != home
+        ]
+
     def node(self, name: str) -> Node | None:
         return next((n for n in self.nodes if n.name == name), None)
 
