@@ -10,20 +10,27 @@ plugin or cluster is needed, so reviewers can run this in a pull request. The pr
 its own stack's previous outputs (to refuse shrinking a partition); the render answers with
 none, as on a first `pulumi up`, or with `--deployed FILE` (`pulumi stack output --json`).
 
-Writes `manifests.yaml` (every Kubernetes object, apply-ready, stable order), `resources.json`
-(every Pulumi resource with the options that matter), `outputs.json` (stack outputs) and
-`nodes/<node>/NN-<step>.sh` (the exact scripts `pulumi up` sends to each node) and
-`policy.txt` (the policy pack's findings; a mandatory one fails the render). Secret
-values are written as `[secret]`. Two renders of one config are byte-identical.
+Writes `manifests.yaml` (every Kubernetes object in the order `pulumi up` creates them, objects
+holding a secret value left out and named in its header), `resources.json` (every Pulumi resource
+with the options that matter), `outputs.json` (stack outputs), `nodes/<node>/NN-<step>.sh` (the
+exact scripts `pulumi up` sends to each node) and `policy.txt` (the policy pack's findings; a
+mandatory one fails the render and leaves only that file). Everything is written into a fresh
+folder that replaces the previous one; a failed render leaves no manifests for the stack. Secret
+values are written as `[secret]`. Two renders of one config are byte-identical. The last line
+printed lists the secrets still to set (`needs: …`).
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import logging
+import os
 import runpy
+import shutil
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -83,16 +90,50 @@ class Render:
     """The validated StackConfig the program ran with."""
     stack_reads: list[str] = field(default_factory=list)
     """Stack names the program read previous outputs of (a StackReference to itself)."""
+    missing_secrets: list[str] = field(default_factory=list)
+    """Secret config keys the stack reads that are not set yet (the render used placeholders)."""
 
     def kubernetes_objects(self) -> list[dict[str, Any]]:
-        objects = [
-            redact(r.inputs) for r in self.resources
-            if r.custom and r.type.startswith("kubernetes:") and not r.type.startswith("pulumi:providers:")
-        ]
-        return sorted(objects, key=_manifest_key)
+        """Every Kubernetes object, redacted, in apply order (see `apply_order`)."""
+        return [redact(r.inputs) for r in self.kubernetes_resources()]
+
+    def kubernetes_resources(self) -> list[Resource]:
+        return apply_order(self.resources)
 
     def of_type(self, type_token: str) -> list[Resource]:
         return [r for r in self.resources if r.type == type_token]
+
+
+def apply_order(resources: list[Resource]) -> list[Resource]:
+    """The Kubernetes objects in the order `pulumi up` can create them: each after every object it
+    depends on (explicit `depends_on` and input dependencies; a dependency on a component means
+    all the objects in it), ties broken by kind (KIND_ORDER), namespace and name."""
+    by_urn = {r.urn: r for r in resources}
+    objects = {r.urn: r for r in resources if is_kubernetes_object(r)}
+    inside: dict[str, list[str]] = {}
+    for urn in objects:
+        parent = by_urn[urn].parent
+        while parent in by_urn:
+            inside.setdefault(parent, []).append(urn)
+            parent = by_urn[parent].parent
+    waits = {
+        urn: {d for dep in r.options.get("dependsOn", []) for d in ([dep] if dep in objects else inside.get(dep, []))} - {urn}
+        for urn, r in objects.items()
+    }
+    key = {urn: (_manifest_key(r.inputs), urn) for urn, r in objects.items()}
+    ordered: list[Resource] = []
+    while waits:
+        ready = [urn for urn, deps in waits.items() if not deps] or list(waits)  # a cycle cannot happen; never hang on one
+        first = min(ready, key=key.__getitem__)
+        ordered.append(objects[first])
+        del waits[first]
+        for deps in waits.values():
+            deps.discard(first)
+    return ordered
+
+
+def is_kubernetes_object(resource: Resource) -> bool:
+    return resource.custom and resource.type.startswith("kubernetes:")
 
 
 def _manifest_key(obj: dict[str, Any]) -> tuple[Any, ...]:
@@ -132,19 +173,21 @@ def _blank(value: Any) -> Any:
 
 def stack_config(stack: str, root: Path = ROOT, stack_file: Path | None = None) -> tuple[str, dict[str, str], set[str]]:
     """(project, config for `set_all_config`, secret keys) from Pulumi.yaml and Pulumi.<stack>.yaml."""
-    project = yaml.safe_load((root / "Pulumi.yaml").read_text())["name"]
+    project_file = _read_yaml_mapping(root / "Pulumi.yaml")
+    project = project_file.get("name")
+    if not isinstance(project, str):
+        raise RenderError("Pulumi.yaml: no project `name:`")
     path = stack_file or root / f"Pulumi.{stack}.yaml"
     if not path.exists():
         raise RenderError(f"no stack file {path.name} (stacks here: {', '.join(_stacks(root)) or 'none'})")
-    try:
-        document = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise RenderError(f"{path.name} is not valid YAML: {' '.join(str(exc).split())}") from None
     values: dict[str, str] = {}
     secrets: set[str] = set()
-    for key, value in (document.get("config") or {}).items():
+    for key, value in _config_section(path).items():
         full = key if ":" in key else f"{project}:{key}"
         if isinstance(value, dict) and set(value) == {"secure"}:
+            if not isinstance(value["secure"], str):
+                raise RenderError(f"{path.name}: {key}: `secure:` holds {_kind(value['secure'])}; "
+                                  "it must be the ciphertext `pulumi config set --secret` writes")
             values[full] = PLACEHOLDER.format(key=full)
             secrets.add(full)
         elif isinstance(value, str):
@@ -153,6 +196,55 @@ def stack_config(stack: str, root: Path = ROOT, stack_file: Path | None = None) 
             # The CLI hands structured values to the program as JSON text.
             values[full] = json.dumps(value)
     return project, values, secrets
+
+
+# What a Pulumi stack file may hold at its top level.
+STACK_FILE_KEYS = ("config", "environment", "secretsprovider", "encryptedkey", "encryptionsalt")
+
+
+def _config_section(path: Path) -> dict[str, Any]:
+    """The stack file's `config:` mapping, or one line naming the file and what is wrong with it."""
+    document = _read_yaml_mapping(path)
+    for key in document:
+        if key not in STACK_FILE_KEYS:
+            close = difflib.get_close_matches(str(key), STACK_FILE_KEYS, n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            raise RenderError(f"{path.name}: unknown top-level key {key!r}{hint}; a stack file holds {', '.join(STACK_FILE_KEYS)}")
+    if "config" not in document:
+        raise RenderError(f"{path.name}: no `config:` section (Pulumi.prod.yaml shows one)")
+    config = document["config"] or {}
+    if not isinstance(config, dict):
+        raise RenderError(f"{path.name}: `config:` is {_kind(config)}; it must be a mapping of `namespace:key: value`, "
+                          "e.g. `gpu-serving:models: [...]`")
+    for key in config:
+        if not isinstance(key, str) or not key.strip(":"):
+            raise RenderError(f"{path.name}: config key {key!r} is not a `namespace:key` name, e.g. gpu-serving:models")
+    return config
+
+
+def _read_yaml_mapping(path: Path) -> dict[Any, Any]:
+    try:
+        document = yaml.safe_load(path.read_bytes().decode("utf-8"))
+    except OSError as exc:
+        raise RenderError(f"{path.name}: cannot read it: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise RenderError(f"{path.name}: is not UTF-8 text") from None
+    except yaml.YAMLError as exc:
+        raise RenderError(f"{path.name} is not valid YAML: {' '.join(str(exc).split())}") from None
+    if document is None:
+        return {}
+    if not isinstance(document, dict):
+        raise RenderError(f"{path.name}: the document is {_kind(document)}; it must be a mapping such as `config: {{...}}`")
+    return document
+
+
+def _kind(value: Any) -> str:
+    """What a YAML value is, with an article: `a list`, `a string ('x')`."""
+    if isinstance(value, list | dict):
+        return "a list" if isinstance(value, list) else "a mapping"
+    if isinstance(value, str):
+        return f"a string ({value[:40]!r})"
+    return f"{'a boolean' if isinstance(value, bool) else 'a number'} ({value!r})"
 
 
 def _stacks(root: Path) -> list[str]:
@@ -184,9 +276,9 @@ def run_program(stack: str, root: Path = ROOT, overrides: dict[str, str] | None 
         values[f"{project}:{key}"] = value
         secrets.add(f"{project}:{key}")
     config = parsed_config(project, values, secrets)
-    _add_missing_secrets(project, config, values, secrets)
+    missing = _add_missing_secrets(project, config, values, secrets)
 
-    render = Render(stack, config=config)
+    render = Render(stack, config=config, missing_secrets=missing)
 
     class Engine(pulumi.runtime.Mocks):
         def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict[str, Any]]:
@@ -259,13 +351,17 @@ def parsed_config(project: str, values: dict[str, str], secrets: set[str]) -> An
         return None
 
 
-def _add_missing_secrets(project: str, stack: Any, values: dict[str, str], secrets: set[str]) -> None:
-    """Give every secret the stack reads a placeholder, as `pulumi config set --secret` would a value."""
+def _add_missing_secrets(project: str, stack: Any, values: dict[str, str], secrets: set[str]) -> list[str]:
+    """Give every secret the stack reads a placeholder, as `pulumi config set --secret` would a
+    value; return the keys that got one (still to be set before `pulumi up`)."""
+    missing = []
     for key in stack.secret_keys() if stack else []:
         full = f"{project}:{key}"
         if full not in values:
             values[full] = PLACEHOLDER.format(key=full)
             secrets.add(full)
+            missing.append(key)
+    return missing
 
 
 def _resource(request: Any, urn: str, rpc: Any) -> Resource:
@@ -297,24 +393,119 @@ def _resource(request: Any, urn: str, rpc: Any) -> Resource:
 
 
 def write(render: Render, out: Path) -> list[Path]:
-    """Write the rendered stack into `out` (replacing what a previous render left)."""
-    out.mkdir(parents=True, exist_ok=True)
-    for stale in sorted(out.glob("nodes/*/*.sh")):
-        stale.unlink()
-    written = []
-    manifests = yaml.dump_all(render.kubernetes_objects(), Dumper=ManifestDumper, sort_keys=True, default_flow_style=False, width=120)
-    written.append(_write(out / "manifests.yaml", manifests))
-    resources = [
+    """Write the rendered stack into a fresh folder and swap it in for `out`.
+
+    Nothing of a previous render survives (a renamed node's scripts, say), and `out` is never
+    half-written. With a mandatory policy violation the folder holds only `policy.txt`.
+    """
+    resources = resources_json(render)
+    policy = policy_lines(render, resources)
+    files = {"policy.txt": "".join(f"{line}\n" for line in policy)}
+    if not any(line.startswith("mandatory ") for line in policy):
+        files |= {
+            "manifests.yaml": manifests_yaml(render),
+            "resources.json": json.dumps(resources, indent=2, sort_keys=True) + "\n",
+            "outputs.json": json.dumps(redact(render.outputs), indent=2, sort_keys=True) + "\n",
+            **node_scripts(render),
+        }
+    return swap_in(out, dict(sorted(files.items())))
+
+
+def resources_json(render: Render) -> list[dict[str, Any]]:
+    return [
         {"urn": r.urn, "type": r.type, "name": r.name, "parent": r.parent, "custom": r.custom,
          "inputs": redact(r.inputs), "options": r.options}
         for r in render.resources
     ]
-    written.append(_write(out / "resources.json", json.dumps(resources, indent=2, sort_keys=True) + "\n"))
-    written.append(_write(out / "policy.txt", "".join(f"{line}\n" for line in policy_lines(render, resources))))
-    written.append(_write(out / "outputs.json", json.dumps(redact(render.outputs), indent=2, sort_keys=True) + "\n"))
-    for path, text in node_scripts(render).items():
-        written.append(_write(out / path, text))
-    return written
+
+
+def manifests_yaml(render: Render) -> str:
+    """The apply file: objects in apply order; objects holding a secret value are left out (a
+    `kubectl apply -f` of the file must never create a Secret whose value is the placeholder),
+    and the header says how to create them."""
+    objects, withheld = [], []
+    for resource in render.kubernetes_resources():
+        (withheld if holds_secret(resource.inputs) else objects).append(resource)
+    body = yaml.dump_all([redact(r.inputs) for r in objects], Dumper=ManifestDumper, sort_keys=True,
+                         default_flow_style=False, width=120)
+    return manifests_header(render.stack, withheld) + body
+
+
+def manifests_header(stack: str, withheld: list[Resource]) -> str:
+    lines = [
+        f"Rendered by `make render STACK={stack}` (tools/render.py): every Kubernetes object the stack declares,",
+        "each after the objects it depends on, in the order `pulumi up` creates them.",
+    ]
+    if withheld:
+        lines += ["Left out because they hold secret values (this file never carries a placeholder);",
+                  "create them before `kubectl apply -f manifests.yaml`:"]
+        lines += [f"  {_create_hint(redact(r.inputs))}" for r in withheld]
+    return "".join(f"# {line}".rstrip() + "\n" for line in lines)
+
+
+def _create_hint(obj: dict[str, Any]) -> str:
+    meta = obj.get("metadata") or {}
+    namespace, name = meta.get("namespace") or "default", meta.get("name") or "?"
+    if obj.get("kind") != "Secret":
+        return f"{obj.get('kind')} {namespace}/{name}: holds a secret value (its inputs are in resources.json)"
+    keys = sorted({*(obj.get("stringData") or {}), *(obj.get("data") or {})})
+    files = " ".join(f"--from-file={k}={k}.txt" for k in keys)
+    return f"Secret {namespace}/{name} (keys {', '.join(keys)}): kubectl -n {namespace} create secret generic {name} {files}"
+
+
+def holds_secret(value: Any) -> bool:
+    if is_secret(value):
+        return True
+    if isinstance(value, dict):
+        return any(holds_secret(v) for v in value.values())
+    if isinstance(value, list):
+        return any(holds_secret(v) for v in value)
+    return False
+
+
+def swap_in(out: Path, files: dict[str, str]) -> list[Path]:
+    """Write `files` into a fresh sibling folder of `out`, then rename it into place (two renames:
+    the old folder aside, the new one in). A failure on the way leaves `out` as it was."""
+    check_replaceable(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fresh = Path(tempfile.mkdtemp(prefix=f".{out.name}.new-", dir=out.parent))
+    aside = fresh.with_name(f".{out.name}.old-{fresh.name.rsplit('-', 1)[1]}")
+    try:
+        fresh.chmod(0o755)
+        for name, text in files.items():
+            _write(fresh / name, text)
+        if out.exists():
+            os.rename(out, aside)
+        try:
+            os.rename(fresh, out)
+        except OSError:
+            if aside.exists():
+                os.rename(aside, out)
+            raise
+    finally:
+        shutil.rmtree(fresh, ignore_errors=True)
+    shutil.rmtree(aside, ignore_errors=True)
+    return [out / name for name in files]
+
+
+def check_replaceable(out: Path) -> None:
+    """Refuse to replace a folder that is neither empty nor a previous render (`--out ~` must not wipe a home)."""
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise RenderError(f"{out} is not a folder")
+    if any(out.iterdir()) and not _is_render(out):
+        raise RenderError(f"{out} holds files but no previous render (manifests.yaml or policy.txt); choose an empty folder")
+
+
+def remove_render(out: Path) -> None:
+    """After a failed render: no manifests of that stack may stay behind to be applied by mistake."""
+    if out.is_dir() and _is_render(out):
+        shutil.rmtree(out)
+
+
+def _is_render(folder: Path) -> bool:
+    return (folder / "manifests.yaml").is_file() or (folder / "policy.txt").is_file()
 
 
 def policy_config(render: Render) -> dict[str, dict[str, Any]]:
@@ -377,26 +568,38 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--deployed", type=Path, metavar="FILE",
                         help="the stack's outputs from its last pulumi up (`pulumi stack output --json`), for the checks against it")
     args = parser.parse_args(argv)
+    out = args.out or ROOT / "rendered" / args.stack
     try:
+        check_replaceable(out)
         deployed = _read_deployed(args.deployed) if args.deployed else None
         render = run_program(args.stack, stack_file=args.stack_file, deployed=deployed)
+        files = write(render, out)
     except RenderError as exc:
+        remove_render(out)
         print(f"render {args.stack}: {exc}", file=sys.stderr)
         return 1
-    out = args.out or ROOT / "rendered" / args.stack
-    files = write(render, out)
     for warning in render.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     policy = (out / "policy.txt").read_text().splitlines()
     mandatory = [line for line in policy if line.startswith("mandatory ")]
     if mandatory:
         print("\n".join(mandatory), file=sys.stderr)
-        print(f"render {args.stack}: {len(mandatory)} mandatory policy violation(s); see {out / 'policy.txt'}", file=sys.stderr)
+        print(f"render {args.stack}: {len(mandatory)} mandatory policy violation(s); see {out / 'policy.txt'} "
+              "(no manifests were written)", file=sys.stderr)
         return 1
     kinds = len(render.kubernetes_objects())
     print(f"rendered {args.stack}: {len(render.resources)} resources, {kinds} Kubernetes objects, "
           f"{len(files)} files in {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}")
+    print(needs_line(render))
     return 0
+
+
+def needs_line(render: Render) -> str:
+    """What still has to be set before `pulumi up`: the secrets the render used placeholders for."""
+    if not render.missing_secrets:
+        return "needs: nothing (every secret the stack reads is set)"
+    return (f"needs: {', '.join(render.missing_secrets)} "
+            "(set each with `pulumi config set --secret <key>` before `pulumi up`)")
 
 
 if __name__ == "__main__":
