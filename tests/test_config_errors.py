@@ -230,3 +230,27 @@ def test_local_storage_warns_only_for_the_other_nodes() -> None:
     [warning] = parse(raw).warnings()
     assert warning.startswith("nodes[1].storage.disks: k8s-worker-03 partitions")
     assert "(the model volume lives on k8s-worker-02)" in warning
+
+
+# --- the documentation quotes the real lines -------------------------------------------------------
+
+
+def test_failure_modes_quotes_the_real_messages() -> None:
+    from tools.render import ROOT
+
+    doc = (ROOT / "docs" / "failure-modes.md").read_text()
+    lines = [
+        error_of(with_change("models.0.memory", "16GB")),
+        error_of(with_change("models.0.ingress.host", "https://ai.primer.rs")),
+        error_of(with_change("cluster.ingressClas", "nginx")),
+        error_of(with_change("models.0.extraArgs", ["--tensor-parallel-size 2"])),
+        error_of(with_change("models.0.extraArgs", ["--max-num-seqs 64"])),
+        error_of(with_change("models.0.replicas", [1])),
+        error_of(with_change("nodes.0.storage.disks", ["/dev/sda", "/dev/sd b"])),
+        parse(with_change("modelStorage", NFS)).warnings()[0],
+    ]
+    with pytest.raises(ConfigError) as caught:
+        check_namespaces(["gpu-servng:models"])
+    lines.append(str(caught.value))
+    for line in lines:
+        assert line in doc, line
