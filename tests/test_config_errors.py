@@ -26,6 +26,8 @@ BUNDLE_FLAG_FORMS = [
     (["-tp 2"], 0, "-tp is set by the bundle"),
     (["--max-num-seqs=8", "--download_dir /tmp"], 1, "--download-dir is set by the bundle"),
     (["--max-num-seqs 64"], 0, "a flag and its value in one element reach vLLM as one argument; write --max-num-seqs=64"),
+    (["--enable-prefix-caching --tensor-parallel-size=2"], 0, "--tensor-parallel-size is set by the bundle"),
+    (["--enable-prefix-caching --max-num-seqs=8"], 0, "in one element reach vLLM as one argument; give each flag and each value"),
 ]
 
 

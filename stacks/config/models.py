@@ -104,17 +104,19 @@ def check_extra_args(args: list[str]) -> None:
     short aliases (`-tp 2`, `-tp=2`, `-tp2`).
     """
     for i, arg in enumerate(args):
-        flag = flag_name(arg)
-        if flag is None:
+        if flag_name(arg) is None:
             continue
-        if flag in BUNDLE_FLAGS:
-            raise FlagError(i, f"{arg!r}: {flag} is set by the bundle from {BUNDLE_FLAGS[flag]}; change that key instead")
-        head = arg.split("=", 1)[0]
-        if any(ch.isspace() for ch in head):
+        # `--a --b=2` or `--flag 2` in one element: every word before the first `=` may be a flag.
+        words = arg.split("=", 1)[0].split()
+        for word in words:
+            flag = flag_name(word)
+            if flag in BUNDLE_FLAGS:
+                raise FlagError(i, f"{arg!r}: {flag} is set by the bundle from {BUNDLE_FLAGS[flag]}; change that key instead")
+        if len(words) > 1:
             # The container gets each element as one argv entry: argparse takes `--flag 2` for a positional.
-            value = head.split(None, 1)[1]
-            raise FlagError(i, f"{arg!r}: a flag and its value in one element reach vLLM as one argument; "
-                               f"write {flag}={value} or two elements")
+            fix = f"write {flag_name(words[0])}={words[1]} or two elements" if len(words) == 2 and flag_name(words[1]) is None \
+                else "give each flag and each value its own element"
+            raise FlagError(i, f"{arg!r}: a flag and its value in one element reach vLLM as one argument; {fix}")
 
 
 class Model(_Model):
