@@ -256,3 +256,14 @@ def test_failure_modes_quotes_the_real_messages() -> None:
     lines.append(str(caught.value))
     for line in lines:
         assert line in doc, line
+
+
+@pytest.mark.parametrize("key", ["-" * 300, "a: b" * 100, "z" * 61])
+def test_a_long_key_is_shortened_and_the_reason_kept(key: str) -> None:
+    raw = prod_raw()
+    raw["cluster"][key] = None
+    message = error_of(raw)
+    assert len(message) <= 300 and "\n" not in message, message
+    assert message.startswith('cluster."' + key[:20]), message
+    assert '…": unknown key (check the spelling; keys are camelCase)' in message, message
+    assert message.endswith("the README's config reference lists the keys") or message.endswith("runtimeClassName, prometheusUrl")

@@ -20,6 +20,7 @@ TOP_LEVEL_KEYS = ("cluster", "nodes", "modelStorage", "models", "hfTokenSecret")
 OTHER_NAMESPACES = ("pulumi", "kubernetes", "command")
 # Longest line an error may take: a message that dumps a whole mapping helps nobody.
 MAX_LINE = 300
+MAX_KEY = 60
 
 # The expected form of every pattern-checked value, with an example. `tests/test_config.py`
 # checks that every pattern of every config model is in this table.
@@ -107,8 +108,9 @@ def _describe(exc: ValidationError) -> str:
         suggestion = _did_you_mean(str(error["loc"][-1]), keys or [])
         if suggestion:
             return f"{path}: unknown key{suggestion}"
-        here = f"; keys here: {', '.join(keys)}" if keys else ""
-        return f"{path}: unknown key (check the spelling; keys are camelCase){here}"
+        line = f"{path}: unknown key (check the spelling; keys are camelCase)"
+        listed = f"{line}; keys here: {', '.join(keys)}" if keys else line
+        return listed if len(listed) <= MAX_LINE else f"{line}; the README's config reference lists the keys"
     if error["type"] in ("union_tag_invalid", "union_tag_not_found"):
         tags = ", ".join(repr(t) for m in get_args(_strip(_annotation_at(error["loc"]))) for t in _tags(m))
         got = f" (got {_short(ctx['tag'])})" if "tag" in ctx else " (it is missing)"
@@ -201,9 +203,12 @@ def _key_path(loc: tuple[Any, ...]) -> str:
 
 
 def _key_name(key: Any) -> str:
-    """A key as the user can find it again: quoted when it is empty or holds odd characters."""
+    """A key as the user can find it again: quoted when it is empty or holds odd characters,
+    and shortened when it is long (its start is enough to find it)."""
     text = str(key)
-    return text if re.fullmatch(r"[A-Za-z0-9_-]+", text) else json.dumps(text)
+    if len(text) > MAX_KEY:
+        text = text[:MAX_KEY - 1] + "…"
+    return text if re.fullmatch(r"[A-Za-z0-9_-]+", text) else json.dumps(text, ensure_ascii=False)
 
 
 def _short(value: Any) -> str:
@@ -212,5 +217,26 @@ def _short(value: Any) -> str:
 
 
 def _cut(line: str) -> str:
+    """One line of at most MAX_LINE characters; only the reason is shortened, never the key path."""
     line = " ".join(line.split())
-    return line if len(line) <= MAX_LINE else line[:MAX_LINE - 1] + "…"
+    if len(line) <= MAX_LINE:
+        return line
+    end = _path_end(line)
+    path, reason = line[:end], line[end:]
+    room = max(MAX_LINE - len(path), 60)
+    return path + (reason if len(reason) <= room else reason[:room - 1] + "…")
+
+
+def _path_end(line: str) -> int:
+    """Where the key path at the start of an error line ends (its quoted keys may hold ': ')."""
+    i, quoted = 0, False
+    while i < len(line):
+        if quoted and line[i] == "\\":
+            i += 2
+            continue
+        if line[i] == '"':
+            quoted = not quoted
+        elif not quoted and line.startswith(": ", i):
+            return i
+        i += 1
+    return 0
