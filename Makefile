@@ -28,7 +28,7 @@ help:
 	@echo "make diff BASE=<ref>       what the working tree changes in the rendered stack (summary, then diffs)"
 	@echo "make lab-vm / lab-vm-stop  the lab stack's node: a throwaway VM on 127.0.0.1:2222"
 	@echo "make bench                 benchmarks into bench-out/ (BENCH_ARGS=--update-docs: into docs/; --quick: a fast check)"
-	@echo "make bench-vm              node-step benchmark on a throwaway VM (slow; make bench includes it)"
+	@echo "make bench-vm              node-step benchmark on a throwaway VM into bench-out/ (slow; make bench includes it)"
 	@echo "make engine                build the real Pulumi CLI and plugins from pinned Go modules (cached)"
 	@echo "make e2e                   preview, up, grow, destroy under the real engine, lab VM as the node"
 	@echo "make cluster [STACK=prod]  loopback Kubernetes control plane, one simulated GPU node per node of STACK"
@@ -109,7 +109,7 @@ bench: $(STAMP)
 
 bench-vm: $(STAMP)
 	bash tests/vm/install-host-deps.sh
-	$(PY) -m tools.bench_node
+	$(PY) -m tools.bench_node $(BENCH_ARGS)
 
 # The real engine: built once per set of pinned versions into ~/.cache/gpu-serving/engine/,
 # installed into ./.pulumi-home. A warm cache makes this a few seconds.
@@ -131,7 +131,7 @@ cluster-stop:
 
 bench-engine: $(STAMP) engine
 	bash tests/vm/install-host-deps.sh
-	$(PY) -m tools.bench_engine
+	$(PY) -m tools.bench_engine $(BENCH_ARGS)
 
 clean:
 	rm -rf rendered bench-out .pytest_cache
