@@ -5,10 +5,12 @@ import pulumi
 import stacks
 from components.cluster import ClusterArgs, ClusterBase, kubernetes_provider
 from components.node import GpuNode, GpuNodeArgs
+from components.prerequisites import warn_missing
 from components.serving import VllmService, VllmServiceArgs, adapter_rules, needs_adapter_rules
 from components.storage import ModelStorage, ModelStorageArgs
 
 config = stacks.load()
+warn_missing(config)  # at preview only: what the cluster lacks (ingress controller, cert-manager, adapter, KEDA)
 kubernetes = pulumi.ResourceOptions(providers=[kubernetes_provider(config.cluster)])
 
 rules = adapter_rules() if needs_adapter_rules(config.cluster, config.models) else None

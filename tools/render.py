@@ -311,6 +311,7 @@ def write(render: Render, out: Path) -> list[Path]:
     ]
     written.append(_write(out / "resources.json", json.dumps(resources, indent=2, sort_keys=True) + "\n"))
     written.append(_write(out / "policy.txt", "".join(f"{line}\n" for line in policy_lines(render, resources))))
+    written.append(_write(out / "policy-config.json", policy_config_json(render)))
     written.append(_write(out / "outputs.json", json.dumps(redact(render.outputs), indent=2, sort_keys=True) + "\n"))
     for path, text in node_scripts(render).items():
         written.append(_write(out / path, text))
@@ -328,6 +329,12 @@ def policy_config(render: Render) -> dict[str, dict[str, Any]]:
         "gpu-capacity": {"gpuProductLabel": cluster.gpu_product_label},
         "ingress-vllm-streaming": {"ingressClassNames": [cluster.ingress_class]},
     }
+
+
+def policy_config_json(render: Render) -> str:
+    """policy_config as the file `pulumi preview --policy-pack policy --policy-pack-config` reads, so the
+    engine's pack judges the stack by the same settings as this render (a custom taint, label or class)."""
+    return json.dumps(policy_config(render), indent=2, sort_keys=True) + "\n"
 
 
 def policy_violations(render: Render, resources: list[dict[str, Any]]) -> list[Any]:
