@@ -53,6 +53,11 @@ def _sequence(events: list[dict[str, Any]], kind: str, urn_suffix: str) -> int:
     raise CheckError(f"no {kind} for *{urn_suffix} in the engine's event log")
 
 
+def warnings(text: str) -> list[str]:
+    """The prerequisite warnings of a preview's diagnostics (the progress lines repeat them)."""
+    return sorted({line.strip() for line in text.splitlines() if line.strip().startswith("warning: cluster prerequisite:")})
+
+
 def _time(stamp: str) -> datetime:
     return datetime.fromisoformat(stamp.replace("Z", "+00:00"))
 
@@ -234,24 +239,26 @@ class ClusterEndToEnd(EndToEnd):
         # The prod stack's Kubernetes side against this bare cluster: no ingress controller, cert-manager
         # or prometheus-adapter. The preview must say what to install; once they exist, it must not.
         raw = stack_raw("prod")
-        raw["cluster"] = {**raw["cluster"], "namespace": "prereq", "kubeconfig": {"path": self.cluster_env["KUBECONFIG"]}}
+        # An adapter namespace of its own: server-dry-run-all-stacks created `monitoring` for real.
+        raw["cluster"] = {**raw["cluster"], "namespace": "prereq", "kubeconfig": {"path": self.cluster_env["KUBECONFIG"]},
+                          "prometheusAdapter": {"namespace": "prereq-monitoring"}}
         raw["nodes"][0]["name"] = FIT_NODES[0]  # a node this cluster has, for the NodePatch's dry run
         if raw["modelStorage"].get("type") == "local":
             raw["modelStorage"]["node"] = FIT_NODES[0]
         self.new_stack("prereq", raw, self.secret_values(raw, self.canaries["sshPrivateKey"]))
         first = self.pulumi("preview", stack="prereq", check=False)
         text = first.stdout + first.stderr
-        found = [line.strip() for line in text.splitlines() if "cluster prerequisite:" in line]
-        wanted = ("no IngressClass nginx", "cert-manager is not installed", "namespace monitoring does not exist",
+        found = warnings(text)
+        wanted = ("no IngressClass nginx", "cert-manager is not installed", "namespace prereq-monitoring does not exist",
                   "no custom metrics API")
         require(all(any(w in line for line in found) for w in wanted), f"expected warnings for {wanted}, got {found}")
-        self.kubectl("create", "namespace", "monitoring")
+        self.kubectl("create", "namespace", "prereq-monitoring")
         self.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(
             {"apiVersion": "networking.k8s.io/v1", "kind": "IngressClass", "metadata": {"name": "nginx"},
              "spec": {"controller": "k8s.io/ingress-nginx"}}))
         second = self.pulumi("preview", stack="prereq", check=False)
-        after = [line.strip() for line in (second.stdout + second.stderr).splitlines() if "cluster prerequisite:" in line]
-        require(not [line for line in after if "IngressClass" in line or "namespace monitoring" in line],
+        after = warnings(second.stdout + second.stderr)
+        require(not [line for line in after if "IngressClass" in line or "namespace prereq-monitoring" in line],
                 f"still warned after installing them: {after}")
         require(len(after) == len(found) - 2, f"expected {len(found) - 2} warnings left, got {after}")
         return (f"{len(found)} warnings on the bare cluster ({'; '.join(wanted)}), {len(after)} after adding the namespace and "
