@@ -4,34 +4,65 @@ PYTHON ?= python3
 VENV := venv
 PY := $(VENV)/bin/python
 STACK ?= prod
+# One venv, two stamps: rendering needs only the program's runtime (requirements.txt); tests,
+# linters, benchmarks and the policy pack's SDK add requirements-dev.txt on top.
+RUNTIME_STAMP := $(VENV)/.installed-runtime
 STAMP := $(VENV)/.installed
+# A venv that already has the dev tools has the runtime too: render uses it as it is.
+RENDER_STAMP = $(if $(wildcard $(STAMP)),$(STAMP),$(RUNTIME_STAMP))
+PYTHON_MIN := 3.11
 
-.PHONY: help venv render test test-vm lint policy-check diff checkov lab-vm lab-vm-stop bench bench-vm bench-engine engine e2e cluster cluster-stop clean
+# checkov's dependencies conflict with pulumi's: it gets a venv of its own.
+CHECKOV_VENV := .venv-checkov
+CHECKOV := $(CHECKOV_VENV)/bin/checkov
+
+.PHONY: help venv python-version render test test-vm lint policy-check diff checkov lab-vm lab-vm-stop bench bench-vm bench-engine engine e2e cluster cluster-stop clean
 
 help:
 	@echo "make render [STACK=prod]   render the stack offline into rendered/<stack>/ (DEPLOYED=outputs.json: against a deployed stack)"
-	@echo "make test                  run the test suite (creates ./venv on first use)"
+	@echo "make test                  run the test suite, checkov included (creates ./venv and .venv-checkov on first use)"
 	@echo "make test-vm               run the node scripts on a throwaway qemu VM (slow)"
 	@echo "make lint                  ruff, shellcheck, yamllint"
+	@echo "make checkov [STACK=prod]  render, then checkov on rendered/<stack>/ (its own venv, .venv-checkov)"
 	@echo "make policy-check FILES=…  check plain Kubernetes YAML with the policy pack"
-	@echo "make diff BASE=<ref>       what the working tree changes in the rendered stack"
+	@echo "make diff BASE=<ref>       what the working tree changes in the rendered stack (summary, then diffs)"
 	@echo "make lab-vm / lab-vm-stop  the lab stack's node: a throwaway VM on 127.0.0.1:2222"
-	@echo "make bench                 benchmarks into docs/BENCHMARKS.md"
-	@echo "make bench-vm              node-step benchmark on a throwaway VM (slow; make bench includes it)"
+	@echo "make bench                 benchmarks into bench-out/ (BENCH_ARGS=--update-docs: into docs/; --quick: a fast check)"
+	@echo "make bench-vm              node-step benchmark on a throwaway VM into bench-out/ (slow; make bench includes it)"
 	@echo "make engine                build the real Pulumi CLI and plugins from pinned Go modules (cached)"
 	@echo "make e2e                   preview, up, grow, destroy under the real engine, lab VM as the node"
 	@echo "make cluster [STACK=prod]  loopback Kubernetes control plane, one simulated GPU node per node of STACK"
 	@echo "make cluster-stop          stop it, leaving nothing running"
 	@echo "make bench-engine          real-engine benchmark: preview and no-op up against a bare program (make bench includes it)"
+	@echo "make venv                  create ./venv with everything (make render alone installs only the runtime)"
+	@echo "make python-version        check that PYTHON (python3) is new enough"
+	@echo "make clean                 remove rendered/, bench-out/ and test caches"
 
 venv: $(STAMP)
 
-$(STAMP): requirements.txt requirements-dev.txt
+# Checked before pip: an old interpreter otherwise ends in pages of resolver output.
+CHECK_PYTHON = v=$$($(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null) \
+	|| { echo "gpu-serving needs Python $(PYTHON_MIN) or newer; '$(PYTHON)' does not run (set PYTHON=/path/to/python$(PYTHON_MIN))" >&2; exit 1; }; \
+	[ "$$(printf '%s\n' "$(PYTHON_MIN)" "$$v" | sort -V | head -n1)" = "$(PYTHON_MIN)" ] \
+	|| { echo "gpu-serving needs Python $(PYTHON_MIN) or newer; $(PYTHON) is $$v (set PYTHON=/path/to/python$(PYTHON_MIN))" >&2; exit 1; }
+
+python-version:
+	@$(CHECK_PYTHON); echo "$(PYTHON) is Python $$v: fine"
+
+$(RUNTIME_STAMP): requirements.txt
+	@test -x $(PY) || { $(CHECK_PYTHON); }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt
 	touch $@
 
-render: $(STAMP)
+# requirements-dev.txt includes requirements.txt: this stamp stands for both.
+$(STAMP): requirements.txt requirements-dev.txt
+	@test -x $(PY) || { $(CHECK_PYTHON); }
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
+	touch $(RUNTIME_STAMP) $@
+
+render: $(RENDER_STAMP)
 	$(PY) -m tools.render $(STACK) $(if $(DEPLOYED),--deployed $(DEPLOYED))
 
 test: $(STAMP) $(CHECKOV)
@@ -48,11 +79,8 @@ lint: $(STAMP)
 	$(VENV)/bin/shellcheck -x $(SHELL_SCRIPTS)
 	$(VENV)/bin/yamllint -s Pulumi.yaml Pulumi.*.yaml
 
-# checkov's dependencies conflict with pulumi's: it gets a venv of its own.
-CHECKOV_VENV := .venv-checkov
-CHECKOV := $(CHECKOV_VENV)/bin/checkov
-
 $(CHECKOV):
+	@$(CHECK_PYTHON)
 	$(PYTHON) -m venv $(CHECKOV_VENV)
 	$(CHECKOV_VENV)/bin/pip install --quiet --disable-pip-version-check checkov==3.3.30
 
@@ -63,9 +91,11 @@ policy-check: $(STAMP)
 	@test -n "$(FILES)" || { echo 'usage: make policy-check FILES="a.yaml b.yaml"' >&2; exit 2; }
 	$(PY) -m policy.check_yaml $(FILES)
 
-diff: $(STAMP)
+# A difference is the answer, not a failure: make exits 0 (and prints no "*** Error") when the
+# renders could be compared; `python -m tools.diff` itself exits 1 on a difference for scripts.
+diff: $(RENDER_STAMP)
 	@test -n "$(BASE)" || { echo 'usage: make diff BASE=<git ref> [STACK=prod]' >&2; exit 2; }
-	$(PY) -m tools.diff $(BASE) $(STACK)
+	@status=0; $(PY) -m tools.diff $(BASE) $(STACK) || status=$$?; [ "$$status" -le 1 ] || exit "$$status"
 
 lab-vm: $(STAMP)
 	bash tests/vm/install-host-deps.sh
@@ -79,7 +109,7 @@ bench: $(STAMP)
 
 bench-vm: $(STAMP)
 	bash tests/vm/install-host-deps.sh
-	$(PY) -m tools.bench_node
+	$(PY) -m tools.bench_node $(BENCH_ARGS)
 
 # The real engine: built once per set of pinned versions into ~/.cache/gpu-serving/engine/,
 # installed into ./.pulumi-home. A warm cache makes this a few seconds.
@@ -101,7 +131,7 @@ cluster-stop:
 
 bench-engine: $(STAMP) engine
 	bash tests/vm/install-host-deps.sh
-	$(PY) -m tools.bench_engine
+	$(PY) -m tools.bench_engine $(BENCH_ARGS)
 
 clean:
-	rm -rf rendered .pytest_cache
+	rm -rf rendered bench-out .pytest_cache

@@ -5,10 +5,12 @@ import pulumi
 import stacks
 from components.cluster import ClusterArgs, ClusterBase, kubernetes_provider
 from components.node import GpuNode, GpuNodeArgs
+from components.prerequisites import warn_missing
 from components.serving import VllmService, VllmServiceArgs, adapter_rules, needs_adapter_rules
 from components.storage import ModelStorage, ModelStorageArgs
 
 config = stacks.load()
+warn_missing(config)  # at preview only: what the cluster lacks (ingress controller, cert-manager, adapter, KEDA)
 kubernetes = pulumi.ResourceOptions(providers=[kubernetes_provider(config.cluster)])
 
 rules = adapter_rules() if needs_adapter_rules(config.cluster, config.models) else None
@@ -25,7 +27,9 @@ model_storage = ModelStorage(
         capacity_gib=config.capacity_gib,
         mountpoint=storage_node.storage.mountpoint if storage_node and storage_node.storage else None,
         # The PV waits for the storage node's last disk step: the array is mounted at its configured size.
-        ready=[cluster, *(nodes[storage_node.name].storage_ready if storage_node else [])],
+        # Not for the whole ClusterBase: its monitoring objects (adapter rules) are no business of the volume.
+        ready=nodes[storage_node.name].storage_ready if storage_node else [],
+        namespace_ref=cluster.namespace,
     ),
     opts=kubernetes,
 )
@@ -53,6 +57,7 @@ services = [
             # A stack that renders YAML writes no Secret: its values would be plain text in the files.
             hf_token=stacks.secret(config.hf_token_secret) if config.writes_secrets else None,
             api_key=stacks.secret(model.api_key_secret) if model.api_key_secret and config.writes_secrets else None,
+            namespace=cluster.namespace,
         ),
         opts=kubernetes,
     )

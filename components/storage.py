@@ -22,6 +22,9 @@ class ModelStorageArgs:
     """The node's RAID mountpoint; required for local storage."""
     ready: list[pulumi.Resource] = field(default_factory=list)
     """Resources that must exist first, e.g. the node step that mounts the array."""
+    namespace_ref: pulumi.Input[str] | None = None
+    """The namespace as ClusterBase.namespace (the Namespace resource's output): the claim is created
+    after the Namespace, and the volume waits on nothing else of the cluster (e.g. monitoring objects)."""
 
 
 def access_mode(storage: LocalStorage | NfsStorage | ClassStorage) -> str:
@@ -115,7 +118,9 @@ class ModelStorage(pulumi.ComponentResource):
             )
         claim = k8s.core.v1.PersistentVolumeClaim(
             f"{name}-pvc",
-            metadata=k8s.meta.v1.ObjectMetaArgs(name=storage.name, namespace=args.namespace, labels=LABELS),
+            metadata=k8s.meta.v1.ObjectMetaArgs(
+                name=storage.name, namespace=args.namespace_ref if args.namespace_ref is not None else args.namespace, labels=LABELS
+            ),
             spec=claim_spec(args),
             opts=pulumi.ResourceOptions.merge(
                 keep,

@@ -59,3 +59,18 @@ def test_node_step_report_separates_our_writes_from_the_guests() -> None:
     assert "| **the steps' own work** | | **3.0** (3.8% of the first run) |" in report
     assert "**Files written by the re-run: 1** of ours (/etc/fstab); the guest itself wrote 2" in report
     assert report.index("`parted`") < report.index("`udevadm`")
+
+
+def test_benchmarks_write_to_an_untracked_folder_unless_asked() -> None:
+    from tools.bench import BENCH_OUT, DOCS, output_folder
+
+    assert output_folder(None, update_docs=False) == BENCH_OUT
+    assert output_folder(None, update_docs=True) == DOCS
+    assert output_folder(Path("/x"), update_docs=True) == Path("/x")
+    ignored = subprocess.run(["git", "check-ignore", "-q", str(BENCH_OUT / "BENCHMARKS.md")], cwd=ROOT)
+    assert ignored.returncode == 0
+    for module in ("tools.bench", "tools.bench_node", "tools.bench_engine"):
+        usage = subprocess.run([sys.executable, "-m", module, "--help"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert "--update-docs" in usage.stdout, module
+    readme = (ROOT / "README.md").read_text()
+    assert "make bench BENCH_ARGS=--update-docs" in readme and "make bench BENCH_ARGS=--quick" in readme

@@ -100,3 +100,29 @@ def test_end_to_end_on_a_clone(clone: Path) -> None:
     bad = run_diff(clone, "no-such-ref", "prod")
     assert bad.returncode == 2
     assert bad.stderr.startswith("diff: cannot check out 'no-such-ref'")
+
+
+def test_a_stack_new_since_the_base_is_all_added(clone: Path) -> None:
+    (clone / "Pulumi.fresh.yaml").write_text((clone / "Pulumi.prod.yaml").read_text())
+    result = run_diff(clone, "HEAD", "fresh")
+    assert result.returncode == 1, result.stderr
+    assert "`Pulumi.fresh.yaml` does not exist at `HEAD`: a new stack, everything is added." in result.stdout
+    assert "- Kubernetes objects added: `PersistentVolume/ai-models`" in result.stdout
+    assert "changed: `" not in result.stdout and "removed: `" not in result.stdout
+    assert result.stderr.startswith("diff fresh: differs from HEAD (Kubernetes objects +")
+
+
+def test_make_diff_prints_the_summary_and_no_make_error(clone: Path) -> None:
+    stack = clone / "Pulumi.prod.yaml"
+    document = yaml.safe_load(stack.read_text())
+    document["config"]["gpu-serving:nodes"][0]["storage"]["sizeGb"] = 2000
+    stack.write_text(yaml.safe_dump(document))
+    make = ["make", "--no-print-directory", "-C", str(clone), "diff", "BASE=HEAD", "STACK=prod", f"VENV={ROOT / 'venv'}"]
+    result = subprocess.run(make, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "- Kubernetes objects changed: `PersistentVolume/ai-models`" in result.stdout
+    assert "***" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith("diff prod: differs from HEAD (Kubernetes objects +0 ~")
+    broken = subprocess.run([*make[:-3], "diff", "BASE=no-such-ref", "STACK=prod", make[-1]], capture_output=True, text=True, timeout=300)
+    assert broken.returncode == 2
+    assert "cannot check out 'no-such-ref'" in broken.stderr

@@ -98,3 +98,21 @@ def test_deploy_is_behind_an_environment_on_merge_to_main() -> None:
     pulumi = next(s for s in job["steps"] if s.get("uses", "").startswith("pulumi/actions@"))
     assert pulumi["with"]["command"] == "up"
     assert deploy["concurrency"]["cancel-in-progress"] is False
+
+
+def test_cluster_workflows_run_self_hosted_against_the_shared_backend() -> None:
+    for name, job in (("preview.yml", "preview"), ("deploy.yml", "up")):
+        document = load(name)
+        runner = document["jobs"][job]["runs-on"]
+        assert isinstance(runner, list) and "self-hosted" in runner, f"{name}: a hosted runner reaches no on-prem cluster"
+        pulumi = next(s for s in steps(document) if s.get("uses", "").startswith("pulumi/actions@"))
+        assert pulumi["with"]["cloud-url"] == "${{ secrets.PULUMI_BACKEND_URL }}", name
+        assert pulumi["env"]["AWS_ACCESS_KEY_ID"] == "${{ secrets.PULUMI_BACKEND_ACCESS_KEY_ID }}", name
+        assert not [s for s in steps(document) if "--local" in s.get("run", "") + str(s.get("with", {}))], name
+    # A fork's pull request must never run code on the self-hosted runner.
+    assert load("preview.yml")["jobs"]["preview"]["if"] == "github.event.pull_request.head.repo.full_name == github.repository"
+    # CI needs no cluster: it stays on hosted runners.
+    assert load("ci.yml")["jobs"]["test"]["runs-on"] == "ubuntu-latest"
+    readme = (ROOT / "README.md").read_text()
+    for needle in ("self-hosted runner", "PULUMI_BACKEND_ACCESS_KEY_ID", "s3://", "file://"):
+        assert needle in readme, needle

@@ -1,7 +1,14 @@
-"""Benchmarks of the program's own cost, written to docs/BENCHMARKS.md (tables and a chart).
+"""Benchmarks of the program's own cost: BENCHMARKS.md (tables) and a chart.
 
-    python -m tools.bench                 # full run (make bench)
-    python -m tools.bench --quick --out DIR   # small mode the test suite runs
+    python -m tools.bench                 # full run (make bench): into bench-out/ (untracked)
+    python -m tools.bench --update-docs   # the same into docs/, to commit new figures
+    python -m tools.bench --quick         # 2 runs of 2 stack sizes (~1 min): checks the benchmark works,
+                                          # figures too noisy to publish; the test suite runs it
+    python -m tools.bench --out DIR       # anywhere else
+
+A run never touches tracked files unless asked (`--update-docs`). The node-step and real-engine
+sections come from `make bench-vm` / `make bench-engine`: their latest file in bench-out/, else
+the committed one in docs/.
 
 Every figure is measured in the same run as the figure it is compared with, so ratios hold on
 any machine; absolute seconds depend on the machine and are only context.
@@ -265,16 +272,32 @@ def markdown(floor: Run, prod: Run, modules: int, rows: list[dict[str, Any]], di
     return "\n".join(lines)
 
 
-NODE_STEPS = ROOT / "docs" / "benchmarks-node-steps.md"
+DOCS = ROOT / "docs"
+BENCH_OUT = ROOT / "bench-out"
+"""Where benchmarks write unless asked to update the docs (git-ignored)."""
+
+
+def output_folder(out: Path | None, update_docs: bool) -> Path:
+    return out if out is not None else DOCS if update_docs else BENCH_OUT
+
+
+def latest(name: str) -> Path:
+    """A section another benchmark wrote: this machine's last run, else the committed figures."""
+    fresh = BENCH_OUT / name
+    return fresh if fresh.exists() else DOCS / name
+
+
+NODE_STEPS = latest("benchmarks-node-steps.md")
 NODE_STEPS_PENDING = "Not measured yet: run `make bench-vm` (boots the test VM, ~5 min), then `make bench`."
-ENGINE = ROOT / "docs" / "benchmarks-engine.md"
+ENGINE = latest("benchmarks-engine.md")
 ENGINE_PENDING = "Not measured yet: run `make engine` and `make bench-engine` (boots the lab VM), then `make bench`."
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="2 runs, 2 stack sizes: checks the benchmark itself works")
-    parser.add_argument("--out", type=Path, default=ROOT / "docs", help="folder for BENCHMARKS.md and the chart")
+    parser.add_argument("--update-docs", action="store_true", help="write into docs/ (tracked) instead of bench-out/")
+    parser.add_argument("--out", type=Path, help="folder for BENCHMARKS.md and the chart (default bench-out/)")
     parser.add_argument("--node-steps", type=Path, default=NODE_STEPS,
                         help="markdown with the VM node-step figures to include (written by `make bench-vm`)")
     parser.add_argument("--engine", type=Path, default=ENGINE,
@@ -282,6 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     runs = 2 if args.quick else 5
     scales = QUICK_SCALES if args.quick else SCALES
+    args.out = output_folder(args.out, args.update_docs)
     args.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="gs-bench-") as tmp:
         work = Path(tmp)

@@ -1,6 +1,7 @@
-"""make bench-engine: the program's cost under the real Pulumi engine, into docs/benchmarks-engine.md.
+"""make bench-engine: the program's cost under the real Pulumi engine, into bench-out/benchmarks-engine.md.
 
-    python -m tools.bench_engine            # make bench-engine (needs make engine; boots the lab VM)
+    python -m tools.bench_engine                 # make bench-engine (needs make engine; boots the lab VM)
+    python -m tools.bench_engine --update-docs   # into docs/ (tracked); --out F: elsewhere
 
 Measured in one run, so the ratios hold on any machine:
 - `pulumi preview` of the prod stack against a bare program that declares the same number of
@@ -23,10 +24,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tools.bench import output_folder
 from tools.e2e.run import Run, copy_project, engine_env, rendering, stack_raw
 from tools.render import ROOT, run_program
 
-OUT = ROOT / "docs" / "benchmarks-engine.md"
+NAME = "benchmarks-engine.md"
 BARE_PROGRAM = '''\
 import pulumi
 import pulumi_command as command
@@ -97,8 +99,11 @@ def markdown(resources: int, preview: tuple[float, float], lab: tuple[int, int],
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.bench_engine", description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--update-docs", action="store_true", help=f"write docs/{NAME} (tracked) instead of bench-out/{NAME}")
+    parser.add_argument("--out", type=Path, help=f"markdown file (default bench-out/{NAME})")
     args = parser.parse_args(argv)
+    args.out = args.out or output_folder(None, args.update_docs) / NAME
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     from tests.vm.harness import DEFAULT_DISKS, Vm, ensure_image
 
     tmp = Path(tempfile.mkdtemp(prefix="gs-bench-engine-"))

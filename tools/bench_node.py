@@ -1,7 +1,8 @@
 """Node-step benchmark: the lab stack's rendered scripts on a throwaway VM, first run and no-op re-run.
 
-    python -m tools.bench_node            # make bench-vm: writes docs/benchmarks-node-steps.md
-    python -m tools.bench_node --out F    # elsewhere; `make bench` includes docs/benchmarks-node-steps.md
+    python -m tools.bench_node                 # make bench-vm: writes bench-out/benchmarks-node-steps.md
+    python -m tools.bench_node --update-docs   # into docs/ (tracked); --out F: elsewhere
+`make bench` includes the latest of the two.
 
 Boots the test VM of tests/vm (qemu, software emulation; two blank 4 GiB disks that first get an
 OS-like layout, like the seed's sda1-sda4), renders `Pulumi.lab.yaml` offline and sends each step's
@@ -26,10 +27,11 @@ from pathlib import Path
 
 from components.node import parse_report
 from tests.vm.harness import DEFAULT_DISKS, Vm, ensure_image, make_os_like_layout
-from tools.render import ROOT, node_scripts, run_program
+from tools.bench import output_folder
+from tools.render import node_scripts, run_program
 
 STACK, NODE = "lab", "lab-node"
-OUT = ROOT / "docs" / "benchmarks-node-steps.md"
+NAME = "benchmarks-node-steps.md"
 LOGINS = 7
 MARKER = "/run/gs-bench-marker"
 # Written by the guest itself on every SSH login (sshd and logind records), not by the steps.
@@ -158,8 +160,10 @@ def verdict(ratio: float, login_share: float, leader: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.bench_node", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=OUT, help=f"markdown file (default {OUT.relative_to(ROOT)})")
+    parser.add_argument("--update-docs", action="store_true", help=f"write docs/{NAME} (tracked) instead of bench-out/{NAME}")
+    parser.add_argument("--out", type=Path, help=f"markdown file (default bench-out/{NAME})")
     args = parser.parse_args(argv)
+    args.out = args.out or output_folder(None, args.update_docs) / NAME
     scripts = steps()
     with tempfile.TemporaryDirectory(prefix="gs-bench-vm-") as tmp, Vm(Path(tmp), DEFAULT_DISKS, image=ensure_image()) as vm:
         measured = measure(vm, scripts)

@@ -5,7 +5,10 @@
 Renders STACK at the git ref BASE (in a temporary worktree) and in the working tree, then
 prints a summary — Kubernetes objects and node steps added, changed and removed, and the node
 scripts `pulumi up` would run again — followed by unified diffs of the manifests and scripts.
-Exit 0 when the renders are equal, 1 when they differ, 2 on error.
+A stack file that does not exist at BASE (a new stack) counts as an empty stack: everything is
+added. Exit 0 when the renders are equal, 1 when they differ, 2 on error; the last line, on
+stderr, says which. `make diff` prints the same and exits 0 for a difference (it is the answer,
+not a failure), so make shows no `*** Error` line.
 """
 
 from __future__ import annotations
@@ -48,6 +51,10 @@ class Snapshot:
         resources = {r["urn"]: r for r in json.loads((folder / "resources.json").read_text())}
         scripts = {str(p.relative_to(folder)): p.read_text() for p in sorted(folder.glob("nodes/*/*.sh"))}
         return cls(objects, resources, scripts)
+
+    @classmethod
+    def empty(cls) -> Snapshot:
+        return cls({}, {}, {})
 
 
 @dataclass
@@ -95,7 +102,7 @@ def unified(old: dict[str, str], new: dict[str, str], label: str) -> str:
     return "".join(chunks)
 
 
-def report(old: Snapshot, new: Snapshot, base: str, stack: str) -> tuple[str, bool]:
+def report(old: Snapshot, new: Snapshot, base: str, stack: str, note: str = "") -> tuple[str, bool]:
     objects = compare(old.objects, new.objects)
     steps = compare(node_steps(old), node_steps(new))
     others = compare(
@@ -104,7 +111,7 @@ def report(old: Snapshot, new: Snapshot, base: str, stack: str) -> tuple[str, bo
     )
     rerun = reruns(old, new)
     differs = bool(objects or steps or others or old.scripts != new.scripts)
-    lines = [f"## `{stack}`: working tree against `{base}`", ""]
+    lines = [f"## `{stack}`: working tree against `{base}`", "", *([note, ""] if note else [])]
     if not differs:
         return "\n".join([*lines, "No change: `pulumi up` would do nothing.", ""]), False
     lines += ["| | added | changed | removed |", "|---|---|---|---|"]
@@ -135,6 +142,19 @@ def render_at(source: Path, stack: str, out: Path) -> None:
         raise RuntimeError(f"render of {stack} in {source} failed: {result.stderr.strip() or result.stdout.strip()}")
 
 
+def summary(text: str, differs: bool, base: str, stack: str) -> str:
+    """One line for the end of the output, where the table at the top has scrolled away."""
+    if not differs:
+        return f"diff {stack}: no change against {base}"
+    counts = [line for line in text.splitlines() if line.startswith("| ") and not line.startswith("| |")]
+    parts = []
+    for row in counts:
+        title, added, changed, removed = (cell.strip() for cell in row.strip("|").split("|"))
+        if (added, changed, removed) != ("0", "0", "0"):
+            parts.append(f"{title} +{added} ~{changed} -{removed}")
+    return f"diff {stack}: differs from {base} ({'; '.join(parts) or 'node scripts'}); the report is above"
+
+
 def diff(base: str, stack: str, repo: Path = ROOT) -> tuple[str, bool]:
     with tempfile.TemporaryDirectory(prefix="gs-diff-") as tmp:
         worktree, old_out, new_out = Path(tmp) / "base", Path(tmp) / "old", Path(tmp) / "new"
@@ -142,12 +162,17 @@ def diff(base: str, stack: str, repo: Path = ROOT) -> tuple[str, bool]:
                              capture_output=True, text=True)
         if add.returncode != 0:
             raise RuntimeError(f"cannot check out {base!r}: {add.stderr.strip()}")
+        note = ""
         try:
-            render_at(worktree, stack, old_out)
+            if (worktree / f"Pulumi.{stack}.yaml").exists():
+                render_at(worktree, stack, old_out)
+            else:
+                note = f"`Pulumi.{stack}.yaml` does not exist at `{base}`: a new stack, everything is added."
         finally:
             subprocess.run(["git", "-C", str(repo), "worktree", "remove", "--force", str(worktree)], capture_output=True)
         render_at(repo, stack, new_out)
-        return report(Snapshot.read(old_out), Snapshot.read(new_out), base, stack)
+        old = Snapshot.read(old_out) if not note else Snapshot.empty()
+        return report(old, Snapshot.read(new_out), base, stack, note)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -160,7 +185,8 @@ def main(argv: list[str] | None = None) -> int:
     except (RuntimeError, OSError) as exc:
         print(f"diff: {exc}", file=sys.stderr)
         return 2
-    print(text)
+    print(text, flush=True)
+    print(summary(text, differs, args.base, args.stack), file=sys.stderr)
     return 1 if differs else 0
 
 

@@ -405,6 +405,7 @@ def write(render: Render, out: Path) -> list[Path]:
         files |= {
             "manifests.yaml": manifests_yaml(render),
             "resources.json": json.dumps(resources, indent=2, sort_keys=True) + "\n",
+            "policy-config.json": policy_config_json(render),
             "outputs.json": json.dumps(redact(render.outputs), indent=2, sort_keys=True) + "\n",
             **node_scripts(render),
         }
@@ -519,6 +520,12 @@ def policy_config(render: Render) -> dict[str, dict[str, Any]]:
         "gpu-capacity": {"gpuProductLabel": cluster.gpu_product_label},
         "ingress-vllm-streaming": {"ingressClassNames": [cluster.ingress_class]},
     }
+
+
+def policy_config_json(render: Render) -> str:
+    """policy_config as the file `pulumi preview --policy-pack policy --policy-pack-config` reads, so the
+    engine's pack judges the stack by the same settings as this render (a custom taint, label or class)."""
+    return json.dumps(policy_config(render), indent=2, sort_keys=True) + "\n"
 
 
 def policy_violations(render: Render, resources: list[dict[str, Any]]) -> list[Any]:

@@ -29,6 +29,9 @@ class VllmServiceArgs:
     hf_token: pulumi.Input[str] | None
     """None when the stack renders YAML: the Secret is then left to the cluster (see `credentials_note`)."""
     api_key: pulumi.Input[str] | None = None
+    namespace: pulumi.Input[str] | None = None
+    """The namespace as ClusterBase.namespace (the Namespace resource's output), so every object is
+    created after the Namespace; None: `cluster.namespace` as a plain string (no ordering)."""
 
 
 def credentials_note(model: Model, namespace: str) -> str:
@@ -59,8 +62,10 @@ class VllmService(pulumi.ComponentResource):
         model, cluster, namespace = args.model, args.cluster, args.cluster.namespace
         base = object_name(model)
 
+        in_namespace = args.namespace if args.namespace is not None else namespace
+
         def meta(object_name: str, component: str) -> k8s.meta.v1.ObjectMetaArgs:
-            return k8s.meta.v1.ObjectMetaArgs(name=object_name, namespace=namespace, labels=labels(model, component))
+            return k8s.meta.v1.ObjectMetaArgs(name=object_name, namespace=in_namespace, labels=labels(model, component))
 
         child = pulumi.ResourceOptions(parent=self)
         uses_api_key = model.api_key_secret is not None

@@ -57,6 +57,8 @@ def main(argv: list[str] | None = None) -> int:
                             ("download-before-deployment", run.download_before_deployment),
                             ("deployment-available", run.deployment_available), ("smoke-job-complete", run.smoke_job_complete)):
             run.check(name, check, needs=("up-cluster",))
+        run.check("namespace-first", run.namespace_first, needs=("up-cluster",))
+        run.check("preview-prerequisites", run.preview_prerequisites, needs=("cluster-up",))
         run.check("per-node-fit", run.per_node_fit, needs=("cluster-up",))
         # Before destroy: a second up only means something while the stack exists.
         run.check("second-up-no-changes-cluster", run.second_up_no_changes_cluster, needs=("up-cluster",))

@@ -53,6 +53,11 @@ def _sequence(events: list[dict[str, Any]], kind: str, urn_suffix: str) -> int:
     raise CheckError(f"no {kind} for *{urn_suffix} in the engine's event log")
 
 
+def warnings(text: str) -> list[str]:
+    """The prerequisite warnings of a preview's diagnostics (the progress lines repeat them)."""
+    return sorted({line.strip() for line in text.splitlines() if line.strip().startswith("warning: cluster prerequisite:")})
+
+
 def _time(stamp: str) -> datetime:
     return datetime.fromisoformat(stamp.replace("Z", "+00:00"))
 
@@ -213,6 +218,51 @@ class ClusterEndToEnd(EndToEnd):
                 f"the Deployment's create began (event {deployment_start}) before the Job finished ({job_done})")
         return (f"{jobs[0]['metadata']['name']} completed {jobs[0]['status']['completionTime']}, Deployment created "
                 f"{deployment['metadata']['creationTimestamp']}; engine events: Job done #{job_done}, Deployment begun #{deployment_start}")
+
+    def namespace_first(self) -> str:
+        # The model objects take the namespace from the Namespace's output: the engine must have
+        # finished the Namespace before it starts any of them.
+        events = [json.loads(line) for line in self.events.read_text().splitlines() if line.strip()]
+        namespace_done = _sequence(events, "resOutputsEvent", "kubernetes:core/v1:Namespace::cluster-namespace")
+        kinds = ("core/v1:Secret", "batch/v1:Job", "apps/v1:Deployment", "core/v1:PersistentVolumeClaim", "core/v1:Service")
+        starts = {}
+        for event in events:
+            urn = (event.get("resourcePreEvent") or {}).get("metadata", {}).get("urn", "")
+            if any(f"kubernetes:{kind}::" in urn for kind in kinds) and urn not in starts:
+                starts[urn] = int(event["sequence"])
+        require(starts, "no namespaced object in the event log")
+        early = sorted(urn.rsplit("::", 1)[1] for urn, sequence in starts.items() if sequence < namespace_done)
+        require(not early, f"begun before the Namespace was done (event {namespace_done}): {early}")
+        return f"Namespace done at event #{namespace_done}; {len(starts)} namespaced objects begun after it (first #{min(starts.values())})"
+
+    def preview_prerequisites(self) -> str:
+        # The prod stack's Kubernetes side against this bare cluster: no ingress controller, cert-manager
+        # or prometheus-adapter. The preview must say what to install; once they exist, it must not.
+        raw = stack_raw("prod")
+        # An adapter namespace of its own: server-dry-run-all-stacks created `monitoring` for real.
+        raw["cluster"] = {**raw["cluster"], "namespace": "prereq", "kubeconfig": {"path": self.cluster_env["KUBECONFIG"]},
+                          "prometheusAdapter": {"namespace": "prereq-monitoring"}}
+        raw["nodes"][0]["name"] = FIT_NODES[0]  # a node this cluster has, for the NodePatch's dry run
+        if raw["modelStorage"].get("type") == "local":
+            raw["modelStorage"]["node"] = FIT_NODES[0]
+        self.new_stack("prereq", raw, self.secret_values(raw, self.canaries["sshPrivateKey"]))
+        first = self.pulumi("preview", stack="prereq", check=False)
+        text = first.stdout + first.stderr
+        found = warnings(text)
+        wanted = ("no IngressClass nginx", "cert-manager is not installed", "namespace prereq-monitoring does not exist",
+                  "no custom metrics API")
+        require(all(any(w in line for line in found) for w in wanted), f"expected warnings for {wanted}, got {found}")
+        self.kubectl("create", "namespace", "prereq-monitoring")
+        self.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(
+            {"apiVersion": "networking.k8s.io/v1", "kind": "IngressClass", "metadata": {"name": "nginx"},
+             "spec": {"controller": "k8s.io/ingress-nginx"}}))
+        second = self.pulumi("preview", stack="prereq", check=False)
+        after = warnings(second.stdout + second.stderr)
+        require(not [line for line in after if "IngressClass" in line or "namespace prereq-monitoring" in line],
+                f"still warned after installing them: {after}")
+        require(len(after) == len(found) - 2, f"expected {len(found) - 2} warnings left, got {after}")
+        return (f"{len(found)} warnings on the bare cluster ({'; '.join(wanted)}), {len(after)} after adding the namespace and "
+                f"IngressClass (preview exits {first.returncode}, {second.returncode})")
 
     def deployment_available(self) -> str:
         deployment = self.get("deployment", "vllm-qwen25-05b", "-n", NAMESPACE)

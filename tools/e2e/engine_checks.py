@@ -13,7 +13,7 @@ import yaml
 
 from stacks.config import parse
 from tools.e2e.run import CheckError, Run, object_key, provider_objects, rendering, require, stack_raw, tail
-from tools.render import RenderError, run_program, write
+from tools.render import RenderError, policy_config_json, run_program, write
 
 LAB_SIZE_GB, GROWN_SIZE_GB = 2, 3
 CANARY_FILE = "/mnt/models/e2e-canary.bin"
@@ -64,9 +64,14 @@ class EndToEnd(Run):
     def preview_prod(self) -> str:
         raw = rendering(stack_raw("prod"), self.yaml_prod)
         self.new_stack("prod", raw, self.secret_values(raw, self.canaries["sshPrivateKey"]))
-        preview = json.loads(self.timed("previewSeconds", "preview", "--policy-pack", "policy", "--json", stack="prod").stdout)
-        steps = [s for s in preview.get("steps", []) if not engine_owned(s["urn"])]
+        # As the README and preview.yml run it: the pack's config written by the render of the same stack.
         offline = self.offline_render("prod")
+        config = self.project / "rendered" / "prod" / "policy-config.json"
+        config.parent.mkdir(parents=True, exist_ok=True)
+        config.write_text(policy_config_json(offline))
+        preview = json.loads(self.timed("previewSeconds", "preview", "--policy-pack", "policy", "--policy-pack-config",
+                                        str(config.relative_to(self.project)), "--json", stack="prod").stdout)
+        steps = [s for s in preview.get("steps", []) if not engine_owned(s["urn"])]
         self.report["figures"]["previewResources"] = len(steps)
         require(len(steps) == len(offline.resources),
                  f"preview declares {len(steps)} resources, the offline render {len(offline.resources)}: "

@@ -1,0 +1,223 @@
+"""What the cluster must already have, checked at `pulumi preview`: one warning per missing piece,
+saying what to install, before `pulumi up` fails on it halfway.
+
+The stack creates objects that other software serves: an Ingress needs a controller that owns its
+IngressClass, TLS needs cert-manager and the ClusterIssuer, HPAs need the custom metrics API of
+prometheus-adapter (whose rules ConfigMap goes into the adapter's namespace), KEDA needs its CRDs.
+
+The objects are read straight from the API server with the stack's own kubeconfig. The provider's
+`.get()` is not used: a missing object makes it fail the whole preview with "resource does not
+exist", with no way to turn that into advice, and it records a read resource in the state. Only
+when the engine previews against a cluster: the offline render (mock engine, not a preview) and
+`renderYamlTo` stacks read nothing. An unreachable cluster or an exec-plugin user skips the checks
+with one informational line; the provider reports the connection itself.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import ssl
+import tempfile
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pulumi
+import yaml
+
+import stacks
+from components.serving import needs_adapter_rules
+from components.serving.autoscaling import autoscaler
+from stacks.config import StackConfig
+
+TIMEOUT_S = 5
+CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+
+
+@dataclass(frozen=True)
+class Need:
+    """One object the stack relies on, and what to do when the cluster lacks it."""
+
+    path: str
+    """API path that answers 200 when it is there."""
+    missing: str
+    """The warning, naming what to install or create."""
+    unless_missing: str | None = None
+    """Skip this one when that path is missing (a CRD before its objects): one warning, not two."""
+
+
+def needs(config: StackConfig) -> list[Need]:
+    cluster, models = config.cluster, config.models
+    found: list[Need] = []
+    if not cluster.create_namespace:
+        found.append(Need(f"/api/v1/namespaces/{cluster.namespace}",
+                          f"namespace {cluster.namespace} does not exist and cluster.createNamespace is false: "
+                          f"create it (`kubectl create namespace {cluster.namespace}`) or set createNamespace: true"))
+    if any(m.ingress is not None for m in models):
+        found.append(Need(f"/apis/networking.k8s.io/v1/ingressclasses/{cluster.ingress_class}",
+                          f"no IngressClass {cluster.ingress_class}: the model Ingresses would get no address; install "
+                          f"an ingress controller that provides it (ingress-nginx's is `nginx`) or set cluster.ingressClass"))
+    if cluster.cluster_issuer and any(m.ingress is not None and m.ingress.tls_secret for m in models):
+        crd = f"{CRDS}/clusterissuers.cert-manager.io"
+        found.append(Need(crd, f"cert-manager is not installed (no ClusterIssuer CRD): install it and create ClusterIssuer "
+                               f"{cluster.cluster_issuer}, or the Ingresses' TLS certificates are never issued"))
+        found.append(Need(f"/apis/cert-manager.io/v1/clusterissuers/{cluster.cluster_issuer}",
+                          f"no ClusterIssuer {cluster.cluster_issuer} (cert-manager is installed): create it, or set "
+                          f"cluster.clusterIssuer to an existing one", unless_missing=crd))
+    if any(autoscaler(cluster, m) == "keda" for m in models):
+        found.append(Need(f"{CRDS}/scaledobjects.keda.sh",
+                          "KEDA is not installed (no ScaledObject CRD): `pulumi up` cannot create the ScaledObjects; "
+                          "install KEDA, or set cluster.autoscaling to hpa or none"))
+    if needs_adapter_rules(cluster, models):
+        adapter = cluster.prometheus_adapter
+        found.append(Need(f"/api/v1/namespaces/{adapter.namespace}",
+                          f"namespace {adapter.namespace} does not exist: `pulumi up` fails creating the adapter rules "
+                          f"ConfigMap in it; install Prometheus and prometheus-adapter there, or set "
+                          f"cluster.prometheusAdapter.namespace to the adapter's namespace"))
+        found.append(Need("/apis/apiregistration.k8s.io/v1/apiservices/v1beta1.custom.metrics.k8s.io",
+                          "no custom metrics API (v1beta1.custom.metrics.k8s.io): the HPAs cannot read "
+                          "vllm_num_requests_waiting; install Prometheus and prometheus-adapter with the rules ConfigMap, "
+                          "or set cluster.autoscaling to keda or none"))
+    return found
+
+
+def missing(get: Callable[[str], int], wanted: list[Need]) -> list[str]:
+    """The warnings for what `get` (path → HTTP status) does not find; other answers are not guessed at."""
+    status: dict[str, int] = {}
+    warnings = []
+    for need in wanted:
+        if need.unless_missing is not None and status.get(need.unless_missing) == 404:
+            continue
+        status[need.path] = get(need.path)
+        if status[need.path] == 404:
+            warnings.append(need.missing)
+    return warnings
+
+
+class UnsupportedAuthError(Exception):
+    """The kubeconfig authenticates in a way this check does not (exec plugins, auth providers)."""
+
+
+def _named(entries: list[dict[str, Any]] | None, name: str, kind: str) -> dict[str, Any]:
+    for entry in entries or []:
+        if entry.get("name") == name:
+            return entry.get(kind) or {}
+    raise UnsupportedAuthError(f"no {kind} {name!r} in the kubeconfig")
+
+
+def context_error(text: str, context: str | None, source: str) -> str | None:
+    """One line when the stack names a context the kubeconfig does not have (a copied ~/.kube/config
+    keeps its own context names), with the command that fixes it."""
+    try:
+        document = yaml.safe_load(text) or {}
+    except yaml.YAMLError:
+        return None
+    if not isinstance(document, dict) or context is None:
+        return None
+    names = [c.get("name") for c in document.get("contexts") or [] if isinstance(c, dict)]
+    if context in names:
+        return None
+    rename = (f"; rename it: `kubectl --kubeconfig {source} config rename-context {names[0]} {context}`"
+              if len(names) == 1 else "")
+    return (f"cluster.kubeconfig.context {context!r} is not in {source} (it has: {', '.join(map(str, names)) or 'none'})"
+            f"{rename}")
+
+
+def api_getter(text: str, context: str | None, base: Path, workdir: Path) -> tuple[str, Callable[[str], int]]:
+    """(server, get) for the kubeconfig's context: get(path) → HTTP status of a GET."""
+    document = yaml.safe_load(text) or {}
+    name = context or document.get("current-context")
+    ctx = _named(document.get("contexts"), name, "context")
+    cluster = _named(document.get("clusters"), ctx.get("cluster"), "cluster")
+    user = _named(document.get("users"), ctx.get("user"), "user") if ctx.get("user") else {}
+    if "exec" in user or "auth-provider" in user:
+        raise UnsupportedAuthError("the kubeconfig user authenticates with an exec plugin or auth provider")
+
+    def file_of(key: str, entry: dict[str, Any]) -> str | None:
+        """A path for `key` (relative paths are relative to the kubeconfig) or its `-data` twin in a private file."""
+        if entry.get(f"{key}-data"):
+            path = workdir / key
+            path.write_bytes(base64.b64decode(entry[f"{key}-data"]))
+            path.chmod(0o600)
+            return str(path)
+        return str(base / entry[key]) if entry.get(key) else None
+
+    server = str(cluster.get("server", "")).rstrip("/")
+    context_tls = ssl.create_default_context(cafile=file_of("certificate-authority", cluster))
+    if cluster.get("insecure-skip-tls-verify"):
+        context_tls.check_hostname = False
+        context_tls.verify_mode = ssl.CERT_NONE
+    cert, key = file_of("client-certificate", user), file_of("client-key", user)
+    if cert and key:
+        context_tls.load_cert_chain(cert, key)
+    headers = {"Accept": "application/json"}
+    token = user.get("token") or (Path(base / user["tokenFile"]).read_text().strip() if user.get("tokenFile") else None)
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    elif user.get("username") and user.get("password"):
+        basic = base64.b64encode(f"{user['username']}:{user['password']}".encode()).decode()
+        headers["Authorization"] = f"Basic {basic}"
+    opener = urllib.request.build_opener(urllib.request.HTTPSHandler(context=context_tls))
+
+    def get(path: str) -> int:
+        try:
+            with opener.open(urllib.request.Request(server + path, headers=headers), timeout=TIMEOUT_S) as response:
+                return int(response.status)
+        except urllib.error.HTTPError as exc:
+            return int(exc.code)
+
+    return server, get
+
+
+def check(config: StackConfig, kubeconfig_text: str, source: str, base: Path) -> tuple[list[str], list[str]]:
+    """(warnings, notes): what the cluster lacks, and why a check could not run."""
+    source_kubeconfig = config.cluster.kubeconfig
+    assert source_kubeconfig is not None
+    wrong_context = context_error(kubeconfig_text, source_kubeconfig.context, source)
+    if wrong_context:
+        return [wrong_context], []
+    wanted = needs(config)
+    if not wanted:
+        return [], []
+    with tempfile.TemporaryDirectory(prefix="gs-kubeconfig-") as tmp:
+        os.chmod(tmp, 0o700)
+        server = "the cluster"
+        try:
+            server, get = api_getter(kubeconfig_text, source_kubeconfig.context, base, Path(tmp))
+            warnings = missing(get, wanted)
+        except UnsupportedAuthError as exc:
+            return [], [f"cluster prerequisites not checked: {exc}"]
+        except (OSError, ValueError, yaml.YAMLError) as exc:  # URLError and SSLError are OSErrors
+            reason = getattr(exc, "reason", None) or exc
+            return [], [f"cluster prerequisites not checked: cannot read {server} ({reason})"]
+    return [f"cluster prerequisite: {w}" for w in warnings], []
+
+
+def report(config: StackConfig, kubeconfig_text: str, source: str, base: Path) -> None:
+    warnings, notes = check(config, kubeconfig_text, source, base)
+    for line in warnings:
+        pulumi.log.warn(line)
+    for line in notes:
+        pulumi.log.info(line)
+
+
+def warn_missing(config: StackConfig, base: Path | None = None) -> None:
+    """At `pulumi preview` (and the preview of `pulumi up`) against a cluster: warn for each missing piece."""
+    source = config.cluster.kubeconfig
+    if source is None or config.cluster.render_yaml_to is not None or not pulumi.runtime.is_dry_run():
+        return
+    base = base or Path.cwd()
+    if source.secret:
+        stacks.secret(source.secret).apply(lambda text: report(config, text, f"secret {source.secret}", base))
+        return
+    assert source.path is not None
+    path = base / source.path
+    try:
+        text = path.read_text()
+    except OSError:
+        return  # the provider says it cannot read its kubeconfig
+    report(config, text, source.path, path.parent)

@@ -1,0 +1,197 @@
+"""Preview-time prerequisite checks: a warning per missing cluster piece, saying what to install,
+read from a real (local) API endpoint with the stack's kubeconfig; nothing at render time."""
+
+from __future__ import annotations
+
+import base64
+import http.server
+import ssl
+import subprocess
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import ClassVar
+
+import pytest
+import yaml
+
+from components import prerequisites
+from components.prerequisites import check, needs
+from stacks.config import parse
+from tools.render import ROOT, run_program
+
+TOKEN = "test-token-not-a-secret"
+ALL = {
+    "/apis/networking.k8s.io/v1/ingressclasses/nginx",
+    "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/clusterissuers.cert-manager.io",
+    "/apis/cert-manager.io/v1/clusterissuers/letsencrypt",
+    "/api/v1/namespaces/monitoring",
+    "/apis/apiregistration.k8s.io/v1/apiservices/v1beta1.custom.metrics.k8s.io",
+}
+
+
+def prod_raw() -> dict:
+    config = yaml.safe_load((ROOT / "Pulumi.prod.yaml").read_text())["config"]
+    return {key.split(":", 1)[1]: value for key, value in config.items()}
+
+
+class FakeApi(http.server.BaseHTTPRequestHandler):
+    present: ClassVar[set[str]] = set()
+    seen: ClassVar[list[str]] = []
+    token: ClassVar[str | None] = TOKEN
+
+    def do_GET(self) -> None:
+        self.seen.append(self.path)
+        if self.token and self.headers.get("Authorization") != f"Bearer {self.token}":
+            self.send_response(401)
+        else:
+            self.send_response(200 if self.path in self.present else 404)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(b"{}")
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def api() -> Iterator[tuple[str, type[FakeApi]]]:
+    handler = type("Api", (FakeApi,), {"present": set(), "seen": [], "token": TOKEN})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", handler
+    server.shutdown()
+    server.server_close()
+
+
+def kubeconfig(server: str, context: str = "prod", user: dict | None = None, cluster: dict | None = None) -> str:
+    return yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": context,
+        "clusters": [{"name": "c", "cluster": {"server": server, **(cluster or {})}}],
+        "users": [{"name": "u", "user": user if user is not None else {"token": TOKEN}}],
+        "contexts": [{"name": context, "context": {"cluster": "c", "user": "u"}}],
+    })
+
+
+def test_prod_needs_an_ingress_class_cert_manager_and_the_adapter() -> None:
+    paths = [need.path for need in needs(parse(prod_raw()))]
+    assert set(paths) == ALL
+    none = prod_raw()
+    none["cluster"] = {**none["cluster"], "autoscaling": "none"}
+    for model in none["models"]:
+        model.pop("ingress", None)
+        model["replicas"] = {"min": 1, "max": 1}
+    assert needs(parse(none)) == []
+
+
+def test_an_empty_cluster_gets_one_warning_per_missing_piece(api, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    server, handler = api
+    warnings, notes = check(parse(prod_raw()), kubeconfig(server), ".kube/prod.yaml", tmp_path)
+    assert notes == []
+    assert len(warnings) == 4, warnings  # the ClusterIssuer is not asked for once its CRD is missing
+    assert warnings[0].startswith("cluster prerequisite: no IngressClass nginx")
+    assert any("cert-manager is not installed" in w and "ClusterIssuer letsencrypt" in w for w in warnings)
+    assert any(w.startswith("cluster prerequisite: namespace monitoring does not exist: `pulumi up` fails creating the adapter")
+               for w in warnings)
+    assert any("install Prometheus and prometheus-adapter" in w for w in warnings)
+    assert "/apis/cert-manager.io/v1/clusterissuers/letsencrypt" not in handler.seen
+
+
+def test_a_complete_cluster_gets_no_warning(api, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    server, handler = api
+    handler.present.update(ALL)
+    assert check(parse(prod_raw()), kubeconfig(server), ".kube/prod.yaml", tmp_path) == ([], [])
+    handler.present.discard("/apis/cert-manager.io/v1/clusterissuers/letsencrypt")
+    warnings, _ = check(parse(prod_raw()), kubeconfig(server), ".kube/prod.yaml", tmp_path)
+    assert warnings == ["cluster prerequisite: no ClusterIssuer letsencrypt (cert-manager is installed): create it, or set "
+                        "cluster.clusterIssuer to an existing one"]
+
+
+def test_keda_and_an_existing_namespace(api, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    server, handler = api
+    raw = prod_raw()
+    raw["cluster"] = {**raw["cluster"], "autoscaling": "keda", "createNamespace": False}
+    handler.present.update(ALL - {"/api/v1/namespaces/monitoring"})
+    warnings, _ = check(parse(raw), kubeconfig(server), ".kube/prod.yaml", tmp_path)
+    assert [w.split(":", 2)[1].strip() for w in warnings] == [
+        "namespace ai does not exist and cluster.createNamespace is false", "KEDA is not installed (no ScaledObject CRD)"]
+
+
+def test_a_kubeconfig_with_other_context_names_says_how_to_rename(tmp_path: Path) -> None:
+    text = kubeconfig("https://127.0.0.1:1", context="kind-gpu")
+    warnings, notes = check(parse(prod_raw()), text, ".kube/prod.yaml", tmp_path)
+    assert notes == []
+    assert warnings == ["cluster.kubeconfig.context 'prod' is not in .kube/prod.yaml (it has: kind-gpu); rename it: "
+                        "`kubectl --kubeconfig .kube/prod.yaml config rename-context kind-gpu prod`"]
+
+
+def test_an_unreachable_cluster_or_exec_user_skips_with_a_note(tmp_path: Path) -> None:
+    _, notes = check(parse(prod_raw()), kubeconfig("http://127.0.0.1:9"), ".kube/prod.yaml", tmp_path)
+    assert len(notes) == 1 and notes[0].startswith("cluster prerequisites not checked: cannot read http://127.0.0.1:9")
+    exec_user = kubeconfig("http://127.0.0.1:9", user={"exec": {"command": "aws"}})
+    assert check(parse(prod_raw()), exec_user, "k", tmp_path) == ([], [
+        "cluster prerequisites not checked: the kubeconfig user authenticates with an exec plugin or auth provider"])
+
+
+def openssl(*args: str, cwd: Path) -> None:
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+
+
+def test_tls_with_client_certificates_in_the_kubeconfig(tmp_path: Path) -> None:
+    """The loopback cluster's (and most clusters') kubeconfig: a CA and a client certificate, inline."""
+    for name, subject in (("ca", "/CN=test-ca"), ("server", "/CN=127.0.0.1"), ("client", "/CN=admin")):
+        openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-subj", subject, "-out", f"{name}.csr", cwd=tmp_path)
+        if name == "ca":
+            (tmp_path / "ca.ext").write_text("basicConstraints=critical,CA:TRUE\nkeyUsage=keyCertSign\n")
+            openssl("x509", "-req", "-in", "ca.csr", "-signkey", "ca.key", "-days", "2", "-out", "ca.crt", "-extfile", "ca.ext",
+                    cwd=tmp_path)
+            continue
+        (tmp_path / f"{name}.ext").write_text("subjectAltName=IP:127.0.0.1\n" if name == "server" else "extendedKeyUsage=clientAuth\n")
+        openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-days", "2",
+                "-out", f"{name}.crt", "-extfile", f"{name}.ext", cwd=tmp_path)
+    handler = type("Api", (FakeApi,), {"present": set(ALL), "seen": [], "token": None})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    tls.load_cert_chain(tmp_path / "server.crt", tmp_path / "server.key")
+    tls.load_verify_locations(tmp_path / "ca.crt")
+    tls.verify_mode = ssl.CERT_REQUIRED  # no client certificate, no answer
+    server.socket = tls.wrap_socket(server.socket, server_side=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        def data(name: str) -> str:
+            return base64.b64encode((tmp_path / name).read_bytes()).decode()
+
+        url = f"https://127.0.0.1:{server.server_address[1]}"
+        inline = kubeconfig(url, user={"client-certificate-data": data("client.crt"), "client-key-data": data("client.key")},
+                            cluster={"certificate-authority-data": data("ca.crt")})
+        assert check(parse(prod_raw()), inline, "k", tmp_path) == ([], [])
+        assert handler.seen, "the checks reached the TLS server"
+        by_path = kubeconfig(url, user={"client-certificate": "client.crt", "client-key": "client.key"},
+                             cluster={"certificate-authority": "ca.crt"})
+        handler.present.discard("/apis/networking.k8s.io/v1/ingressclasses/nginx")
+        warnings, notes = check(parse(prod_raw()), by_path, "k", tmp_path)  # paths relative to the kubeconfig's folder
+        assert notes == [] and len(warnings) == 1 and "IngressClass nginx" in warnings[0]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_preview_warns_and_render_reads_no_cluster(api, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    server, handler = api
+    (tmp_path / ".kube").mkdir()
+    (tmp_path / ".kube/prod.yaml").write_text(kubeconfig(server))
+    logged: list[str] = []
+    monkeypatch.setattr(prerequisites.pulumi.log, "warn", lambda message, *a, **k: logged.append(message))
+    prerequisites.warn_missing(parse(prod_raw()), base=tmp_path)  # the offline render is no preview
+    assert logged == [] and handler.seen == []
+    monkeypatch.setattr(prerequisites.pulumi.runtime, "is_dry_run", lambda: True)
+    prerequisites.warn_missing(parse(prod_raw()), base=tmp_path)
+    assert len(logged) == 4 and handler.seen
+    rendering = prod_raw()
+    rendering["cluster"] = {k: v for k, v in rendering["cluster"].items() if k != "kubeconfig"} | {"renderYamlTo": "out"}
+    handler.seen.clear()
+    prerequisites.warn_missing(parse(rendering), base=tmp_path)
+    assert handler.seen == []
+    assert not [w for w in run_program("prod").warnings if "prerequisite" in w]
