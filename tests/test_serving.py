@@ -120,7 +120,7 @@ def test_memory_limit_leaves_room_for_shm(memory: str, shm: int, limit: str) -> 
 def test_container_args_are_the_seed_flags_from_config() -> None:
     args = serving.container_args(model_of(gpusPerReplica=2, extraArgs=["--enable-prefix-caching"]))
     assert args == [
-        "--model=Qwen/Qwen3-8B-AWQ",
+        "Qwen/Qwen3-8B-AWQ",  # positional: `vllm serve --model` is deprecated
         "--revision=main",
         "--served-model-name=qwen3",
         "--host=0.0.0.0",
@@ -129,6 +129,7 @@ def test_container_args_are_the_seed_flags_from_config() -> None:
         "--tensor-parallel-size=2",
         "--gpu-memory-utilization=0.9",
         "--max-model-len=16384",
+        "--shutdown-timeout=600",  # prod pins vLLM >= 0.18
         "--enable-prefix-caching",
     ]
 
@@ -142,7 +143,7 @@ def test_download_job_name_changes_with_the_revision_only() -> None:
 
 
 def test_version_label_from_tag_or_digest() -> None:
-    assert serving.labels(model_of(), "x")["app.kubernetes.io/version"] == "v0.11.0"
+    assert serving.labels(model_of(), "x")["app.kubernetes.io/version"] == "v0.33.0"
     digest = "registry.lan:5000/vllm/vllm-openai@sha256:" + "a" * 64
     assert serving.labels(model_of(image=digest), "x")["app.kubernetes.io/version"] == "digest"
 
@@ -150,9 +151,9 @@ def test_version_label_from_tag_or_digest() -> None:
 @pytest.mark.parametrize(
     ("path", "route"),
     [
-        ("/", ("/", "Prefix", None)),
-        ("/qwen3", ("/qwen3(/|$)(.*)", "ImplementationSpecific", "/$2")),
-        ("/team/qwen3/", ("/team/qwen3(/|$)(.*)", "ImplementationSpecific", "/$2")),
+        ("/", ("/v1", "Prefix", None)),
+        ("/qwen3", ("/qwen3/v1(/|$)(.*)", "ImplementationSpecific", "/v1/$2")),
+        ("/team/qwen3/", ("/team/qwen3/v1(/|$)(.*)", "ImplementationSpecific", "/v1/$2")),
     ],
 )
 def test_ingress_sub_paths_are_stripped_before_vllm(path: str, route: tuple[str, str, str | None]) -> None:
@@ -239,16 +240,19 @@ def test_shm_and_model_volume_match_download_dir(prod: Render) -> None:
 
 def test_tokens_come_from_the_secret(prod: Render) -> None:
     secret = one(prod, SECRET)
-    assert secret["stringData"] == {"hf-token": "[secret]"}
+    assert secret["stringData"] == {"hf-token": "[secret]", "api-key": "[secret]"}
     (resource,) = prod.of_type(SECRET)
     from tools.render import is_secret
 
     data = resource.inputs["stringData"]
     assert is_secret(data) or is_secret(data["hf-token"])
-    env = env_of(container(one(prod, DEPLOYMENT)))
+    # Only the download Job holds the Hugging Face token; the server holds the API key.
+    env = env_of(one(prod, JOB)["spec"]["template"]["spec"]["containers"][0])
     ref = {"secretKeyRef": {"name": secret["metadata"]["name"], "key": "hf-token"}}
     assert env["HF_TOKEN"] == env["HUGGING_FACE_HUB_TOKEN"] == ref
-    assert "VLLM_API_KEY" not in env
+    server = env_of(container(one(prod, DEPLOYMENT)))
+    assert server["VLLM_API_KEY"] == {"secretKeyRef": {"name": secret["metadata"]["name"], "key": "api-key"}}
+    assert "HF_TOKEN" not in server and "HUGGING_FACE_HUB_TOKEN" not in server
 
 
 def test_api_key_is_a_secret_env_and_never_leaks(render) -> None:  # type: ignore[no-untyped-def]
@@ -454,9 +458,9 @@ def test_two_models_share_a_host_namespace_and_volume(render) -> None:  # type: 
         (rule,) = ingress.inputs["spec"]["rules"]
         (path,) = rule["http"]["paths"]
         routes[(rule["host"], path["path"])] = path["backend"]["service"]["name"]
-        assert ingress.inputs["metadata"]["annotations"]["nginx.ingress.kubernetes.io/rewrite-target"] == "/$2"
+        assert ingress.inputs["metadata"]["annotations"]["nginx.ingress.kubernetes.io/rewrite-target"] == "/v1/$2"
         assert path["pathType"] == "ImplementationSpecific"
-    assert routes == {("ai.primer.rs", "/qwen3(/|$)(.*)"): "vllm-qwen3", ("ai.primer.rs", "/small(/|$)(.*)"): "vllm-small"}
+    assert routes == {("ai.primer.rs", "/qwen3/v1(/|$)(.*)"): "vllm-qwen3", ("ai.primer.rs", "/small/v1(/|$)(.*)"): "vllm-small"}
     outputs = result.outputs["models"]
     assert outputs["small"]["ingressUrl"] == "https://ai.primer.rs/small/v1"
     assert outputs["small"]["url"] == "http://vllm-small.ai.svc:8000/v1"

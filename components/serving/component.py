@@ -9,7 +9,16 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from components.serving.autoscaling import autoscaler, hpa_spec, scaled_object
-from components.serving.edge import in_cluster_url, ingress_annotations, ingress_spec, ingress_url, network_policy_spec, service_spec
+from components.serving.drain import disruption_budget_spec
+from components.serving.edge import (
+    egress_policy_spec,
+    in_cluster_url,
+    ingress_annotations,
+    ingress_spec,
+    ingress_url,
+    network_policy_spec,
+    service_spec,
+)
 from components.serving.jobs import SMOKE_DEADLINE_S, job_spec, smoke_job_name, smoke_job_spec
 from components.serving.names import download_job_name, labels, object_name, secret_name
 from components.serving.server import deployment_spec
@@ -44,7 +53,7 @@ def credentials_note(model: Model, namespace: str) -> str:
 
 
 class VllmService(pulumi.ComponentResource):
-    """Secret, pre-download Job, Deployment, Service, NetworkPolicy, a smoke-test Job, and when
+    """Secret, pre-download Job, Deployment, Service, PodDisruptionBudget, NetworkPolicies, a smoke-test Job, and when
     configured an Ingress and an autoscaler, for one model."""
 
     url: pulumi.Output[str]
@@ -104,6 +113,12 @@ class VllmService(pulumi.ComponentResource):
         service = k8s.core.v1.Service(f"{name}-service", metadata=meta(base, "inference-server"), spec=service_spec(model), opts=child)
         k8s.networking.v1.NetworkPolicy(
             f"{name}-network-policy", metadata=meta(base, "inference-server"), spec=network_policy_spec(model), opts=child
+        )
+        k8s.policy.v1.PodDisruptionBudget(
+            f"{name}-pdb", metadata=meta(base, "inference-server"), spec=disruption_budget_spec(model), opts=child
+        )
+        k8s.networking.v1.NetworkPolicy(
+            f"{name}-egress", metadata=meta(f"{base}-egress", "inference-server"), spec=egress_policy_spec(model), opts=child
         )
 
         if model.ingress is not None:

@@ -6,6 +6,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from components.serving.autoscaling import autoscaler
+from components.serving.drain import grace_period_seconds, lifecycle, shutdown_args
 from components.serving.names import DOWNLOAD_DIR, MODEL_MOUNT, PORT, labels, secret_name, selector_labels
 from components.serving.sizing import PROBE_PERIOD_S, deployment_timeout_seconds, memory_limit, shm_size_gi, startup_budget_seconds
 from stacks.config import Cluster as ClusterConfig
@@ -13,8 +14,10 @@ from stacks.config import Model
 
 
 def container_args(model: Model) -> list[str]:
+    """Arguments to the image's `vllm serve` entrypoint. The model is the positional argument:
+    `--model` is deprecated in `vllm serve`."""
     return [
-        f"--model={model.hugging_face_id}",
+        model.hugging_face_id,
         f"--revision={model.revision}",
         f"--served-model-name={model.name}",  # also the `model_name` label of every vLLM metric
         "--host=0.0.0.0",
@@ -24,6 +27,7 @@ def container_args(model: Model) -> list[str]:
         f"--tensor-parallel-size={model.gpus_per_replica}",
         f"--gpu-memory-utilization={model.gpu_memory_utilization:g}",
         f"--max-model-len={model.max_model_len}",
+        *shutdown_args(model),
         *model.extra_args,
     ]
 
@@ -62,12 +66,20 @@ def token_env(model: Model) -> list[k8s.core.v1.EnvVarArgs]:
     return [secret_env(name, secret_name(model), "hf-token") for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")]
 
 
+# vLLM reports usage to its maintainers unless told not to; DO_NOT_TRACK covers the libraries
+# that honour the convention. The egress NetworkPolicy would block the report anyway: this keeps
+# the pod from trying (and logging the failure) in the first place.
+NO_TELEMETRY = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+
+
 def server_env(model: Model, api_key: bool) -> list[k8s.core.v1.EnvVarArgs]:
+    # No HF_TOKEN: the download Job fetched the revision, and a pod that never reaches the hub
+    # has no use for the credential (a compromised server cannot leak what it never held).
     env = [
-        *token_env(model),
         k8s.core.v1.EnvVarArgs(name="HF_HUB_CACHE", value=DOWNLOAD_DIR),
         # The Job downloaded the revision; a restart must never reach the hub (seed scenario 3).
         k8s.core.v1.EnvVarArgs(name="HF_HUB_OFFLINE", value="1"),
+        *(k8s.core.v1.EnvVarArgs(name=k, value=v) for k, v in NO_TELEMETRY.items()),
     ]
     if api_key:
         env.append(secret_env("VLLM_API_KEY", secret_name(model), "api-key"))
@@ -125,6 +137,7 @@ def pod_spec(model: Model, cluster: ClusterConfig, claim_name: pulumi.Input[str]
                 startup_probe=startup_probe(model.weights_gb),
                 readiness_probe=readiness_probe(),
                 liveness_probe=liveness_probe(),
+                lifecycle=lifecycle(),
                 security_context=container_security_context(),
             )
         ],
@@ -140,7 +153,7 @@ def pod_spec(model: Model, cluster: ClusterConfig, claim_name: pulumi.Input[str]
         enable_service_links=False,
         automount_service_account_token=False,
         security_context=pod_security_context(),
-        termination_grace_period_seconds=60,
+        termination_grace_period_seconds=grace_period_seconds(),
     )
 
 

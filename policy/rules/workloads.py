@@ -242,6 +242,52 @@ def check_gpu_rollout(resource: Resource, _cfg: Mapping) -> Iterator[str]:
            f"RollingUpdate with maxSurge: 0 and maxUnavailable: 1.")
 
 
+# --- graceful drain ---------------------------------------------------------------------------
+
+DEFAULT_GRACE_S = 30  # Kubernetes' terminationGracePeriodSeconds when unset
+
+
+def prestop_seconds(container: Mapping) -> int:
+    """How long the preStop hook holds SIGTERM back: the kubelet's sleep action, or a `sleep N`
+    command (also inside `sh -c`); 0 without a hook, None-like 0 for a hook it cannot time."""
+    hook = as_map(dig(container, "lifecycle", "preStop"))
+    seconds = to_int(dig(hook, "sleep", "seconds"))
+    if seconds is not None:
+        return seconds
+    tokens = k8s.argv({"command": dig(hook, "exec", "command") or []})
+    for i, token in enumerate(tokens[:-1]):
+        if token.rsplit("/", 1)[-1] == "sleep":
+            return to_int(tokens[i + 1].rstrip(";")) or 0
+    return 0
+
+
+def check_graceful_drain(resource: Resource, cfg: Mapping) -> Iterator[str]:
+    spec = k8s.pod_template(resource)
+    if spec is None:
+        return
+    grace = to_int(spec.get("terminationGracePeriodSeconds"))
+    grace = DEFAULT_GRACE_S if grace is None else grace
+    for c in k8s.containers(spec):
+        if not k8s.is_vllm(c):
+            continue
+        name = container_name(c)
+        pre_stop = prestop_seconds(c)
+        shutdown = k8s.flag_value(k8s.argv(c), "--shutdown-timeout")
+        drain = to_int(shutdown) if shutdown is not None else None
+        drain = int(cfg["drainSeconds"]) if drain is None else drain
+        if pre_stop < int(cfg["minPreStopSeconds"]):
+            yield (f"container '{name}' has no preStop that holds SIGTERM back (found {pre_stop}s): on a rollout or "
+                   f"scale-down the ingress and kube-proxy keep sending new requests for a few seconds to a server "
+                   f"that is shutting down, and they fail. Add lifecycle.preStop.sleep.seconds: "
+                   f"{int(cfg['minPreStopSeconds'])} or more.")
+        if grace < pre_stop + drain:
+            yield (f"terminationGracePeriodSeconds is {grace}{' (default)' if 'terminationGracePeriodSeconds' not in spec else ''} "
+                   f"but container '{name}' needs preStop {pre_stop}s + drain {drain}s "
+                   f"({'--shutdown-timeout' if shutdown is not None else 'the longest stream'}) = {pre_stop + drain}s: "
+                   f"every rollout and scale-down kills streams mid-answer. Raise terminationGracePeriodSeconds to "
+                   f"{pre_stop + drain} or more.")
+
+
 # --- images -------------------------------------------------------------------------------------------
 
 def image_problem(image: str) -> str | None:
@@ -297,6 +343,13 @@ RULES = [
     Rule("gpu-rollout-without-spare-gpu",
          "GPU Deployments roll out with Recreate or maxSurge 0, so no spare GPU is needed.",
          MANDATORY, check_gpu_rollout, frozenset({k8s.DEPLOYMENT})),
+    Rule("vllm-graceful-drain",
+         "vLLM server pods hold SIGTERM back with a preStop and get a grace period ≥ preStop + drain time.",
+         MANDATORY, check_graceful_drain, k8s.SCALABLE,
+         {"drainSeconds": {"type": "integer", "minimum": 0, "default": 600,
+                           "description": "Longest request to let finish when vLLM has no --shutdown-timeout (the edge's stream timeout)."},
+          "minPreStopSeconds": {"type": "integer", "minimum": 0, "default": 5,
+                                "description": "Shortest preStop delay that lets endpoint removal propagate."}}),
     Rule("image-pinned", "Container images carry a version tag or digest, never :latest or no tag.",
          ADVISORY, check_image_pinned, k8s.WORKLOADS),
 ]

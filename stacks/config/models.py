@@ -7,7 +7,7 @@ from typing import Annotated
 
 from pydantic import Field, StringConstraints, field_validator, model_validator
 
-from stacks.config.base import K8sName, LabelValue, SecretKeyName, _Model
+from stacks.config.base import CIDR, K8sName, LabelValue, SecretKeyName, _Model
 
 
 class Ingress(_Model):
@@ -17,6 +17,8 @@ class Ingress(_Model):
     """Path prefix; a sub-path is stripped before it reaches vLLM."""
     tls_secret: K8sName | None = None
     """Secret for the certificate; cert-manager fills it when the cluster has an issuer."""
+    auth_url: str | None = Field(None, pattern=r"^https?://[A-Za-z0-9.:_\[\]-]+(/[A-Za-z0-9._~/%?=&-]*)?$")
+    """ingress-nginx external auth (`auth-url`): every request is checked there first. A public model needs this or `apiKeySecret`."""
 
 
 class Replicas(_Model):
@@ -60,6 +62,7 @@ BUNDLE_FLAGS = {
     "--gpu-memory-utilization": "gpuMemoryUtilization", "--max-model-len": "maxModelLen",
     "--api-key": "apiKeySecret (a literal would land in the manifest)",
     "--disable-log-stats": "nothing: it removes the queue metric autoscaling and monitoring read",
+    "--shutdown-timeout": "the bundle (the drain time, from the stream timeout)",
 }
 # Environment the bundle sets; overriding it breaks offline start, the secrets or GPU isolation.
 BUNDLE_ENV = {
@@ -68,6 +71,7 @@ BUNDLE_ENV = {
     "HF_HUB_CACHE": "the bundle (the model volume)", "TRANSFORMERS_OFFLINE": "the bundle",
     "CUDA_VISIBLE_DEVICES": "the device plugin (a pod sees only its GPUs)",
     "NVIDIA_VISIBLE_DEVICES": "the device plugin (a pod sees only its GPUs)",
+    "VLLM_NO_USAGE_STATS": "the bundle (serving pods never phone home)", "DO_NOT_TRACK": "the bundle (serving pods never phone home)",
 }
 # Object names are `vllm-<name>` plus suffixes up to `-dl-<8 hex>` (Job names are also pod label values: ≤ 63).
 MODEL_NAME_MAX = 40
@@ -109,7 +113,9 @@ class Model(_Model):
     env: dict[Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")], str] = {}
     """More environment variables, literal values only; secret-looking names are refused."""
     api_key_secret: SecretKeyName | None = None
-    """Secret config key holding the vLLM API key; unset serves without one."""
+    """Secret config key holding the vLLM API key; unset serves without one (then `ingress` needs `authUrl`)."""
+    egress_cidrs: list[Annotated[str, StringConstraints(pattern=CIDR)]] = []
+    """Networks the serving pods may reach besides DNS (e.g. a tracing collector); by default nothing else."""
     cpu: str = Field("4", pattern=r"^[0-9]+(\.[0-9]+|m)?$")
     """CPU request of each pod (no CPU limit: throttling hurts inference)."""
     memory: str = Field("16Gi", pattern=r"^[0-9]+(Ki|Mi|Gi|Ti)$")

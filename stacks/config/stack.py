@@ -159,6 +159,14 @@ class StackConfig(_Model):
                 )
             if model.ingress is None:
                 continue
+            if model.api_key_secret is None and model.ingress.auth_url is None:
+                # vLLM's key guards /v1 only, and the edge forwards only /v1: with neither, anyone
+                # who can resolve the host can use the GPUs.
+                raise _at(
+                    f"models[{i}].apiKeySecret",
+                    f"models[{i}].ingress makes the model public but nothing authenticates it: set apiKeySecret "
+                    "(vLLM's API key, a secret config key) or ingress.authUrl (ingress-nginx external auth)",
+                )
             host, path = model.ingress.host, model.ingress.path.rstrip("/") or "/"
             other = routes.setdefault((host, path), i)
             if other != i:

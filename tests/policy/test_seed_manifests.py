@@ -26,6 +26,9 @@ def test_blog_set_breaks_exactly_these_rules():
         ("vllm-qwen3", "gpu-node-selector"),              # no nodeSelector in the main manifest
         ("vllm-qwen3", "gpu-taint-toleration"),           # no toleration for the GPU taint
         ("vllm-qwen3", "gpu-rollout-without-spare-gpu"),  # default RollingUpdate surges a second GPU pod
+        ("vllm-qwen3", "vllm-graceful-drain"),            # no preStop, grace 30 s against 600 s streams
+        ("ai", "edge-vllm-openai-only"),                  # path / forwards /tokenize, /metrics, ... too
+        ("ai", "edge-vllm-auth"),                         # a public host, and vLLM has no API key
     }
     # Fine as written: limits-only GPU, 600 s startupProbe (60 x 10) with readiness and liveness,
     # /dev/shm emptyDir Memory, --download-dir=/modeli on the PVC, HF_TOKEN from secretKeyRef,
@@ -40,6 +43,7 @@ def test_folded_snippets_deployment():
         ("vllm-qwen3-a100", "image-pinned"),
         ("vllm-qwen3-a100", "gpu-taint-toleration"),
         ("vllm-qwen3-a100", "gpu-rollout-without-spare-gpu"),
+        ("vllm-qwen3-a100", "vllm-graceful-drain"),
     }
     config = {"gpu-taint-toleration": {"gpuTaintKey": "gpu"}}
     assert ("vllm-qwen3-a100", "gpu-taint-toleration") not in found("deployment-a100-tp2.yaml", config=config)
@@ -49,7 +53,8 @@ def test_blog_ingress_without_its_annotations_breaks_streaming():
     resources = seed(*BLOG_SET)
     ingress = next(r for r in resources if r.kind == "Ingress")
     ingress.props["metadata"]["annotations"].pop("nginx.ingress.kubernetes.io/proxy-buffering")
-    assert {v.policy for v in check_resources(resources) if v.kind == "Ingress"} == {"ingress-vllm-streaming"}
+    assert {v.policy for v in check_resources(resources) if v.kind == "Ingress"} == {
+        "ingress-vllm-streaming", "edge-vllm-openai-only", "edge-vllm-auth"}
 
 
 def test_type_tokens():
@@ -62,7 +67,7 @@ def test_cli_output_and_exit_codes(capsys):
     files = [str(DATA / "seed" / f) for f in BLOG_SET]
     assert main(files) == 1
     lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == 4
+    assert len(lines) == 8
     assert lines[0].startswith(f"mandatory gpu-node-selector {files[1]} Deployment/vllm-qwen3: ")
     assert lines == [format_line(v) for v in check_resources(seed(*BLOG_SET))]
     assert main([str(GOOD)]) == 0
