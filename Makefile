@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STACK ?= prod
 STAMP := $(VENV)/.installed
 
-.PHONY: help venv render test test-vm lint policy-check diff checkov lab-vm lab-vm-stop bench bench-vm bench-engine engine e2e cluster cluster-stop clean
+.PHONY: help venv render test checkers test-vm lint policy-check diff checkov lab-vm lab-vm-stop bench bench-vm bench-engine engine e2e cluster cluster-stop clean
 
 help:
 	@echo "make render [STACK=prod]   render the stack offline into rendered/<stack>/ (DEPLOYED=outputs.json: against a deployed stack)"
@@ -34,14 +34,18 @@ $(STAMP): requirements.txt requirements-dev.txt
 render: $(STAMP)
 	$(PY) -m tools.render $(STACK) $(if $(DEPLOYED),--deployed $(DEPLOYED))
 
-test: $(STAMP) $(CHECKOV)
+test: $(STAMP) $(CHECKOV) checkers
 	$(PY) -m pytest -q
+
+# promtool and the CRD schemas the serving tests check against (tools/checkers, cached).
+checkers:
+	bash tools/checkers/build.sh >/dev/null
 
 test-vm: $(STAMP)
 	bash tests/vm/install-host-deps.sh
 	GS_VM_TESTS=1 $(PY) -m pytest -q tests/vm
 
-SHELL_SCRIPTS = $(wildcard components/node_scripts/*.sh tests/vm/*.sh tools/engine/*.sh tools/cluster/*.sh .ci/run)
+SHELL_SCRIPTS = $(wildcard components/node_scripts/*.sh tests/vm/*.sh tools/engine/*.sh tools/cluster/*.sh tools/checkers/*.sh .ci/run)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -73,11 +73,14 @@ def two_models() -> list[dict[str, Any]]:
 
 
 def assert_valid(render: Render) -> int:
+    from tests import checkers
+
     checked = 0
     for obj in render.kubernetes_objects():
-        if (obj["apiVersion"], obj["kind"]) == ("keda.sh/v1alpha1", "ScaledObject"):
-            continue  # a custom resource: kubernetes-validate has no schema for it
-        kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+        if obj["apiVersion"].split("/")[0] in checkers.CRD_GROUPS:
+            checkers.validate(obj)  # a custom resource: against its CRD's schema
+        else:
+            kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
         checked += 1
     return checked
 
@@ -268,7 +271,7 @@ def test_api_key_is_a_secret_env_and_never_leaks(render) -> None:  # type: ignor
 
 def test_pods_land_on_the_gpu_product_and_tolerate_the_taint(prod: Render) -> None:
     spec = one(prod, DEPLOYMENT)["spec"]["template"]["spec"]
-    assert spec["nodeSelector"] == {"nvidia.com/gpu.product": "nvidia-a100"}
+    assert spec["nodeSelector"] == {"gpu-serving/gpu.product": "nvidia-a100"}
     assert spec["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Equal", "value": "true", "effect": "NoSchedule"}]
     assert "runtimeClassName" not in spec
     assert spec["enableServiceLinks"] is False
@@ -363,7 +366,12 @@ def test_service_and_ingress_stream(prod: Render) -> None:
     assert path["backend"]["service"] == {"name": service["metadata"]["name"], "port": {"name": "http"}}
 
 
-def test_hpa_scales_on_the_queue_and_leaves_replicas_alone(prod: Render) -> None:
+def hpa_render(render, **overrides: Any) -> Render:  # type: ignore[no-untyped-def]
+    return render(cluster=prod_raw()["cluster"] | {"autoscaling": "hpa"}, **overrides)
+
+
+def test_hpa_scales_on_the_queue_and_leaves_replicas_alone(render) -> None:  # type: ignore[no-untyped-def]
+    prod = hpa_render(render)
     assert "replicas" not in one(prod, DEPLOYMENT)["spec"]
     hpa = one(prod, HPA)["spec"]
     assert hpa["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "vllm-qwen3"}
@@ -382,7 +390,7 @@ def test_hpa_scales_on_the_queue_and_leaves_replicas_alone(prod: Render) -> None
 
 
 def test_hpa_target_is_configurable(render) -> None:  # type: ignore[no-untyped-def]
-    result = render(models=[prod_model(replicas={"min": 1, "max": 2, "targetRequestsWaiting": 8})])
+    result = hpa_render(render, models=[prod_model(replicas={"min": 1, "max": 2, "targetRequestsWaiting": 8})])
     assert one(result, HPA)["spec"]["metrics"][0]["pods"]["target"]["averageValue"] == "8"
 
 
@@ -418,7 +426,7 @@ def test_outputs_per_model(prod: Render) -> None:
             "ingressUrl": "https://ai.primer.rs/v1",
             "servedModelName": "qwen3",
             "gpusPerReplica": 1,
-            "replicas": {"min": 1, "max": 2, "autoscaler": "hpa"},
+            "replicas": {"min": 1, "max": 2, "autoscaler": "keda"},
         }
     }
 
@@ -426,7 +434,7 @@ def test_outputs_per_model(prod: Render) -> None:
 def test_component_type_and_parents(prod: Render) -> None:
     (component,) = prod.of_type("gpu-serving:serving:VllmService")
     children = [r for r in prod.resources if r.parent == component.urn]
-    assert {r.type for r in children} >= {SECRET, JOB, DEPLOYMENT, SERVICE, INGRESS, HPA}
+    assert {r.type for r in children} >= {SECRET, JOB, DEPLOYMENT, SERVICE, INGRESS, SCALED_OBJECT}
     for child in children:
         assert child.inputs["metadata"]["namespace"] == "ai"
 

@@ -124,8 +124,12 @@ def in_cluster_url(model: Model, namespace: str) -> str:
     return f"http://{object_name(model)}.{namespace}.svc:{PORT}/v1"
 
 
-def ingress_url(model: Model) -> str | None:
+def ingress_url(model: Model, cluster: ClusterConfig | None = None) -> str | None:
     if model.ingress is None:
         return None
-    scheme = "https" if model.ingress.tls_secret else "http"
+    if cluster is not None and cluster.edge == "gateway":
+        assert cluster.gateway is not None
+        scheme = "https" if cluster.gateway.https else "http"
+    else:
+        scheme = "https" if model.ingress.tls_secret else "http"
     return f"{scheme}://{model.ingress.host}{model.ingress.path.rstrip('/')}/v1"

@@ -131,7 +131,7 @@ def has_api_key(container: Mapping) -> bool:
 
 
 def unkeyed(workload: Workload) -> list[str]:
-    return [container_name(c) for c in k8s.containers(workload.spec) if k8s.is_vllm(c) and not has_api_key(c)]
+    return [container_name(c) for c in k8s.containers(workload.spec) if k8s.is_vllm_server(c) and not has_api_key(c)]
 
 
 def check_edge_auth(resources: list[Resource], cfg: Mapping) -> Iterator[tuple[Resource, str]]:
@@ -154,6 +154,47 @@ def check_edge_auth(resources: list[Resource], cfg: Mapping) -> Iterator[tuple[R
                 f"an Ingress, authenticate at the edge ({auth_keys[0] if auth_keys else 'auth annotations'}).")
 
 
+# --- streaming through a Gateway -----------------------------------------------------------------
+
+def duration_seconds(value: str) -> float | None:
+    """Gateway API Duration (`600s`, `1h`, `10m30s`, `500ms`) in seconds; None when malformed."""
+    parts = re.findall(r"(\d+)(h|ms|m|s)", value)
+    if not parts or "".join(n + u for n, u in parts) != value:
+        return None
+    scale = {"h": 3600, "m": 60, "s": 1, "ms": 0.001}
+    return sum(int(n) * scale[u] for n, u in parts)
+
+
+def check_route_streaming(resources: list[Resource], cfg: Mapping) -> Iterator[tuple[Resource, str]]:
+    minimum = int(cfg["minTimeoutSeconds"])
+    for edge, behind in _edges(resources):
+        if edge.type != HTTPROUTE:
+            continue
+        try:
+            problems = []
+            for rule in as_list(dig(edge.view, "spec", "rules")):
+                services = {str(as_map(r).get("name")) for r in as_list(as_map(rule).get("backendRefs"))}
+                if not services & set(behind):
+                    continue
+                for key in ("request", "backendRequest"):
+                    raw = dig(rule, "timeouts", key)
+                    if raw is None:
+                        if key == "request":
+                            problems.append("timeouts.request is unset (the implementation's default, often 15s)")
+                        continue
+                    seconds = duration_seconds(str(raw))
+                    if seconds is None:
+                        problems.append(f"timeouts.{key} {raw!r} is not a duration")
+                    elif 0 < seconds < minimum:  # 0s disables the timeout
+                        problems.append(f"timeouts.{key} is {raw}")
+        except Unknown:
+            continue
+        if problems:
+            yield edge, (
+                f"{'; '.join(sorted(set(problems)))} (< {minimum}s) on a route to vLLM: a slow first token or a long "
+                f"streamed answer is cut off with 504. Set timeouts.request (and backendRequest) to \"{minimum}s\" or more.")
+
+
 RULES = [
     Rule("edge-vllm-openai-only",
          "Ingresses and HTTPRoutes in front of vLLM forward only /v1 (the paths vLLM's API key guards).",
@@ -163,4 +204,9 @@ RULES = [
          MANDATORY, check_edge_auth,
          config={"authAnnotations": {"type": "array", "items": {"type": "string"}, "default": DEFAULT_AUTH_ANNOTATIONS,
                                      "description": "Ingress annotations that make the controller authenticate requests."}}),
+    Rule("httproute-vllm-streaming",
+         "HTTPRoutes to vLLM set request timeouts long enough for streamed answers.",
+         MANDATORY, check_route_streaming,
+         config={"minTimeoutSeconds": {"type": "integer", "minimum": 0, "default": 600,
+                                       "description": "Minimum timeouts.request / backendRequest."}}),
 ]

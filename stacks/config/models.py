@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, StringConstraints, field_validator, model_validator
 
@@ -71,6 +71,9 @@ BUNDLE_ENV = {
     "HF_HUB_CACHE": "the bundle (the model volume)", "TRANSFORMERS_OFFLINE": "the bundle",
     "CUDA_VISIBLE_DEVICES": "the device plugin (a pod sees only its GPUs)",
     "NVIDIA_VISIBLE_DEVICES": "the device plugin (a pod sees only its GPUs)",
+    "VLLM_CACHE_ROOT": "the bundle (compile caches on the model volume)", "TRITON_CACHE_DIR": "the bundle (the model volume)",
+    "TORCHINDUCTOR_CACHE_DIR": "the bundle (the model volume)", "XDG_CACHE_HOME": "the bundle (the model volume)",
+    "HOME": "securityProfile",
     "VLLM_NO_USAGE_STATS": "the bundle (serving pods never phone home)", "DO_NOT_TRACK": "the bundle (serving pods never phone home)",
 }
 # Object names are `vllm-<name>` plus suffixes up to `-dl-<8 hex>` (Job names are also pod label values: ≤ 63).
@@ -96,6 +99,9 @@ class Model(_Model):
     """vLLM image with a pinned tag or digest (`latest` is refused)."""
     gpu_product: LabelValue
     """`nodes[].gpu.product` of the nodes this model runs on."""
+    gfd_product: LabelValue | None = None
+    """With `cluster.gpuFeatureDiscovery`: select nodes by GFD's `nvidia.com/gpu.product`
+    (e.g. `NVIDIA-A100-SXM4-80GB`) instead of the stack's label."""
     gpus_per_replica: int = Field(1, ge=1, le=64)
     """GPUs per pod, all on one node; also `--tensor-parallel-size`."""
     max_model_len: int = Field(8192, ge=128, le=10_000_000)
@@ -120,6 +126,8 @@ class Model(_Model):
     """CPU request of each pod (no CPU limit: throttling hurts inference)."""
     memory: str = Field("16Gi", pattern=r"^[0-9]+(Ki|Mi|Gi|Ti)$")
     """Memory request; the limit adds the /dev/shm size."""
+    security_profile: Literal["root", "nonRoot"] = "root"
+    """`nonRoot`: UID/GID 2000 (the `vllm-openai` non-root image), read-only root filesystem, emptyDirs for HOME and /tmp."""
     smoke_test: bool = True
     """After each rollout, a Job asks the model for one token; `pulumi up` fails when inference does not answer."""
 

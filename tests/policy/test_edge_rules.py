@@ -89,3 +89,57 @@ def test_an_edge_to_a_service_it_cannot_see_is_not_judged() -> None:
     web = good("Service")
     web["spec"]["selector"] = {"app": "web"}
     assert edge_findings(good("Deployment"), web, ingress) == set()
+
+
+# ---------------------------------------------------------------------------- HTTPRoute
+
+def route(**rule: Any) -> dict[str, Any]:
+    base = {"matches": [{"path": {"type": "PathPrefix", "value": "/v1"}}],
+            "backendRefs": [{"name": "vllm-qwen3", "port": 8000}],
+            "timeouts": {"request": "600s"}}
+    return {"apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+            "metadata": {"name": "qwen3", "namespace": "ai"},
+            "spec": {"parentRefs": [{"name": "public", "namespace": "gw"}], "hostnames": ["ai.example.internal"],
+                     "rules": [{**base, **rule}]}}
+
+
+def route_findings(r: dict[str, Any], deployment: dict[str, Any] | None = None) -> set[str]:
+    return {v.policy for v in check(deployment or good("Deployment"), good("Service"), r) if v.kind == "HTTPRoute"}
+
+
+def test_good_route_passes() -> None:
+    assert route_findings(route()) == set()
+
+
+@pytest.mark.parametrize(
+    "rule",
+    [
+        {"matches": [{"path": {"type": "PathPrefix", "value": "/"}}]},
+        {"matches": []},  # no matches: every path
+        {"matches": [{"path": {"type": "PathPrefix", "value": "/qwen3"}}],
+         "filters": [{"type": "URLRewrite", "urlRewrite": {"path": {"type": "ReplacePrefixMatch", "replacePrefixMatch": "/"}}}]},
+    ],
+)
+def test_route_forwarding_more_than_v1_is_refused(rule: dict[str, Any]) -> None:
+    assert route_findings(route(**rule)) == {"edge-vllm-openai-only"}
+
+
+def test_route_rewrite_into_v1_is_fine() -> None:
+    rewrite = {"type": "URLRewrite", "urlRewrite": {"path": {"type": "ReplacePrefixMatch", "replacePrefixMatch": "/v1"}}}
+    assert route_findings(route(matches=[{"path": {"type": "PathPrefix", "value": "/qwen3/v1"}}], filters=[rewrite])) == set()
+
+
+def test_route_to_vllm_without_a_key_is_refused() -> None:
+    deployment = good("Deployment")
+    c = container(deployment)
+    c["env"] = [e for e in c["env"] if e["name"] != "VLLM_API_KEY"]
+    assert route_findings(route(), deployment) == {"edge-vllm-auth"}
+
+
+@pytest.mark.parametrize(
+    ("timeouts", "ok"),
+    [({"request": "600s"}, True), ({"request": "1h"}, True), ({"request": "0s"}, True),
+     ({"request": "10m", "backendRequest": "15s"}, False), ({}, False), ({"request": "30s"}, False), ({"request": "9m59s"}, False)],
+)
+def test_route_timeouts_fit_streaming(timeouts: dict[str, str], ok: bool) -> None:
+    assert ("httproute-vllm-streaming" not in route_findings(route(timeouts=timeouts))) is ok

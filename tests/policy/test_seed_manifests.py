@@ -22,7 +22,7 @@ def found(*files, config=None):
 
 def test_blog_set_breaks_exactly_these_rules():
     assert found(*BLOG_SET) == {
-        ("vllm-qwen3", "image-pinned"),                   # vllm/vllm-openai:latest
+        ("vllm-qwen3", "vllm-image-pinned"),              # vllm/vllm-openai:latest (the config refuses it too)
         ("vllm-qwen3", "gpu-node-selector"),              # no nodeSelector in the main manifest
         ("vllm-qwen3", "gpu-taint-toleration"),           # no toleration for the GPU taint
         ("vllm-qwen3", "gpu-rollout-without-spare-gpu"),  # default RollingUpdate surges a second GPU pod
@@ -40,7 +40,7 @@ def test_folded_snippets_deployment():
     # nodeSelector gpu=nvidia-a100 selects GPU nodes; --tensor-parallel-size=2 matches 2 GPUs; the
     # toleration is for the blog's taint key `gpu`, not the default nvidia.com/gpu.
     assert found("deployment-a100-tp2.yaml") == {
-        ("vllm-qwen3-a100", "image-pinned"),
+        ("vllm-qwen3-a100", "vllm-image-pinned"),
         ("vllm-qwen3-a100", "gpu-taint-toleration"),
         ("vllm-qwen3-a100", "gpu-rollout-without-spare-gpu"),
         ("vllm-qwen3-a100", "vllm-graceful-drain"),
