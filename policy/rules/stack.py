@@ -7,7 +7,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from . import k8s
-from .core import MANDATORY, Resource, Rule, Unknown, attempt
+from .core import ADVISORY, MANDATORY, Resource, Rule, Unknown, attempt
 from .k8s import GPU, as_list, as_map, dig, namespace, to_int
 
 # KEDA's defaults when a ScaledObject does not set maxReplicaCount / minReplicaCount.
@@ -226,6 +226,35 @@ def check_vllm_scale_to_zero(resources: list[Resource], _cfg: Mapping) -> Iterat
                 f"and nothing ever scales it up again. Keep at least 1 replica.")
 
 
+PDB = "kubernetes:policy/v1:PodDisruptionBudget"
+
+
+def check_disruption_budget(resources: list[Resource], _cfg: Mapping) -> Iterator[tuple[Resource, str]]:
+    budgets = []
+    for pdb in k8s.kinds_in(resources, frozenset({PDB})):
+        selector = attempt(lambda r: as_map(dig(r.view, "spec", "selector", "matchLabels")), pdb)
+        if selector is None:
+            return  # an unknown selector could cover anything
+        budgets.append((namespace(pdb.view), selector))
+    # Judged only with the Service in view: a Deployment checked alone may have its PDB elsewhere.
+    served = []
+    for service in k8s.kinds_in(resources, frozenset({k8s.SERVICE})):
+        selector = attempt(lambda r: as_map(dig(r.view, "spec", "selector")), service)
+        if selector is not None:
+            served.append((namespace(service.view), selector))
+    for w in workloads(resources):
+        if not w.vllm or w.resource.type not in k8s.SCALABLE:
+            continue
+        labels = attempt(k8s.pod_labels, w.resource)
+        if labels is None or any(ns == w.namespace and k8s.selects(sel, labels) for ns, sel in budgets):
+            continue
+        if not any(ns == w.namespace and k8s.selects(sel, labels) for ns, sel in served):
+            continue
+        yield w.resource, (
+            "no PodDisruptionBudget selects these vLLM pods: a node drain evicts every replica at once and the "
+            "model is down until they have reloaded (minutes). Add a PodDisruptionBudget with maxUnavailable: 1.")
+
+
 # --- ReadWriteOnce claims ---------------------------------------------------------------
 
 def single_node_volumes(resources: Sequence[Resource]) -> set[str]:
@@ -388,6 +417,8 @@ RULES = [
          MANDATORY, check_single_autoscaler),
     Rule("vllm-scale-to-zero", "An autoscaler of a vLLM workload keeps at least one replica (the queue metric comes from the pods).",
          MANDATORY, check_vllm_scale_to_zero),
+    Rule("vllm-disruption-budget", "vLLM Deployments and StatefulSets are covered by a PodDisruptionBudget.",
+         ADVISORY, check_disruption_budget),
     Rule("rwo-claim-single-replica",
          "A Deployment that may run more than one replica mounts no ReadWriteOnce claim.",
          MANDATORY, check_rwo_claims),

@@ -288,6 +288,27 @@ def check_graceful_drain(resource: Resource, cfg: Mapping) -> Iterator[str]:
                    f"{pre_stop + drain} or more.")
 
 
+# --- offline serving ------------------------------------------------------------------------------
+
+HUB_TOKENS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
+
+
+def check_offline_server(resource: Resource, _cfg: Mapping) -> Iterator[str]:
+    spec = k8s.pod_template(resource)
+    for c in k8s.containers(spec or {}):
+        if not k8s.is_vllm_server(c):
+            continue
+        names = {str(as_map(e).get("name")) for e in as_list(c.get("env"))}
+        offline = k8s.env_literal(c, "HF_HUB_OFFLINE") in ("1", "true", "True", "YES", "yes")
+        held = sorted(names & set(HUB_TOKENS))
+        if offline and held:
+            yield (f"container '{container_name(c)}' runs offline (HF_HUB_OFFLINE) yet holds {', '.join(held)}: a "
+                   f"credential it never uses, which a compromised server can leak. Give it to the download Job only.")
+        if k8s.env_literal(c, "VLLM_NO_USAGE_STATS") != "1" and k8s.env_literal(c, "DO_NOT_TRACK") != "1":
+            yield (f"container '{container_name(c)}' reports usage statistics to vLLM's maintainers (no "
+                   f"VLLM_NO_USAGE_STATS=1 or DO_NOT_TRACK=1): an offline server should not phone home.")
+
+
 # --- read-only root filesystem ----------------------------------------------------------------------
 
 def _home(container: Mapping, spec: Mapping) -> str | None:
@@ -457,6 +478,9 @@ RULES = [
                            "description": "Longest request to let finish when vLLM has no --shutdown-timeout (the edge's stream timeout)."},
           "minPreStopSeconds": {"type": "integer", "minimum": 0, "default": 5,
                                 "description": "Shortest preStop delay that lets endpoint removal propagate."}}),
+    Rule("vllm-server-offline",
+         "A vLLM server sends no usage statistics, and one that runs offline holds no Hugging Face token.",
+         ADVISORY, check_offline_server, k8s.WORKLOADS),
     Rule("vllm-writable-paths",
          "A vLLM server with a read-only root filesystem has HOME, the temp dir, its caches and the download dir on writable mounts.",
          MANDATORY, check_writable_paths, k8s.WORKLOADS),

@@ -58,3 +58,11 @@ def test_drain_time_is_configurable() -> None:
     pod_spec(deployment)["terminationGracePeriodSeconds"] = 100
     assert drain_messages(deployment)
     assert not [v for v in check(deployment, config={"vllm-graceful-drain": {"drainSeconds": 60}}) if v.policy == "vllm-graceful-drain"]
+
+
+def test_a_served_vllm_deployment_without_a_pdb_is_flagged() -> None:
+    found = [(v.policy, v.level) for v in check(good("Deployment"), good("Service")) if v.policy == "vllm-disruption-budget"]
+    assert found == [("vllm-disruption-budget", "advisory")]
+    assert not [v for v in check(good("Deployment"), good("Service"), good("PodDisruptionBudget")) if v.policy == "vllm-disruption-budget"]
+    # alone, its PDB may live in another file: not judged
+    assert not [v for v in check(good("Deployment")) if v.policy == "vllm-disruption-budget"]

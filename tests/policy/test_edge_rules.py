@@ -143,3 +143,24 @@ def test_route_to_vllm_without_a_key_is_refused() -> None:
 )
 def test_route_timeouts_fit_streaming(timeouts: dict[str, str], ok: bool) -> None:
     assert ("httproute-vllm-streaming" not in route_findings(route(timeouts=timeouts))) is ok
+
+
+# ---------------------------------------------------------------------------- offline serving
+
+@pytest.mark.parametrize(
+    ("env", "messages"),
+    [
+        ([{"name": "VLLM_NO_USAGE_STATS", "value": "1"}], []),
+        ([{"name": "DO_NOT_TRACK", "value": "1"}], []),
+        ([], ["reports usage statistics"]),
+        ([{"name": "VLLM_NO_USAGE_STATS", "value": "1"}, {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "s", "key": "t"}}}],
+         ["runs offline (HF_HUB_OFFLINE) yet holds HF_TOKEN"]),
+    ],
+)
+def test_offline_server_holds_no_token_and_sends_no_stats(env: list[dict[str, Any]], messages: list[str]) -> None:
+    d = good("Deployment")
+    c = container(d)
+    c["env"] = [e for e in c["env"] if e["name"] not in ("VLLM_NO_USAGE_STATS", "DO_NOT_TRACK")] + env
+    found = [v for v in check(d) if v.policy == "vllm-server-offline"]
+    assert all(v.level == "advisory" for v in found)
+    assert len(found) == len(messages) and all(m in v.message for v, m in zip(found, messages, strict=True))

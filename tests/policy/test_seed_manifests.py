@@ -27,6 +27,8 @@ def test_blog_set_breaks_exactly_these_rules():
         ("vllm-qwen3", "gpu-taint-toleration"),           # no toleration for the GPU taint
         ("vllm-qwen3", "gpu-rollout-without-spare-gpu"),  # default RollingUpdate surges a second GPU pod
         ("vllm-qwen3", "vllm-graceful-drain"),            # no preStop, grace 30 s against 600 s streams
+        ("vllm-qwen3", "vllm-server-offline"),            # advisory: sends vLLM usage statistics
+        ("vllm-qwen3", "vllm-disruption-budget"),         # advisory: a drain evicts every replica at once
         ("ai", "edge-vllm-openai-only"),                  # path / forwards /tokenize, /metrics, ... too
         ("ai", "edge-vllm-auth"),                         # a public host, and vLLM has no API key
     }
@@ -44,6 +46,7 @@ def test_folded_snippets_deployment():
         ("vllm-qwen3-a100", "gpu-taint-toleration"),
         ("vllm-qwen3-a100", "gpu-rollout-without-spare-gpu"),
         ("vllm-qwen3-a100", "vllm-graceful-drain"),
+        ("vllm-qwen3-a100", "vllm-server-offline"),
     }
     config = {"gpu-taint-toleration": {"gpuTaintKey": "gpu"}}
     assert ("vllm-qwen3-a100", "gpu-taint-toleration") not in found("deployment-a100-tp2.yaml", config=config)
@@ -67,7 +70,7 @@ def test_cli_output_and_exit_codes(capsys):
     files = [str(DATA / "seed" / f) for f in BLOG_SET]
     assert main(files) == 1
     lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == 8
+    assert len(lines) == 10
     assert lines[0].startswith(f"mandatory gpu-node-selector {files[1]} Deployment/vllm-qwen3: ")
     assert lines == [format_line(v) for v in check_resources(seed(*BLOG_SET))]
     assert main([str(GOOD)]) == 0
