@@ -9,7 +9,7 @@ import pytest
 
 from components import serving
 from policy.rules import check_resources
-from policy.rules.workloads import writable_paths
+from policy.rules.servers import writable_paths
 from tests.test_serving import DEPLOYMENT, JOB, container, env_of, error_of, model_of, one, prod_model, with_models
 from tools.render import Render
 

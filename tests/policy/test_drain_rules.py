@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from policy_factory import check, container, good, pod_spec
 
-from policy.rules.workloads import prestop_seconds
+from policy.rules.servers import prestop_seconds
 
 
 def drain_messages(deployment) -> list[str]:  # type: ignore[no-untyped-def]
