@@ -16,12 +16,13 @@ PYTHON_MIN := 3.11
 CHECKOV_VENV := .venv-checkov
 CHECKOV := $(CHECKOV_VENV)/bin/checkov
 
-.PHONY: help venv python-version render test test-vm lint policy-check diff checkov lab-vm lab-vm-stop bench bench-vm bench-engine engine e2e cluster cluster-stop clean
+.PHONY: help venv python-version render test checkers test-vm lint policy-check diff checkov lab-vm lab-vm-stop bench bench-vm bench-engine engine e2e cluster cluster-stop clean
 
 help:
 	@echo "make render [STACK=prod]   render the stack offline into rendered/<stack>/ (DEPLOYED=outputs.json: against a deployed stack)"
 	@echo "make test                  run the test suite, checkov included (creates ./venv and .venv-checkov on first use)"
 	@echo "make test-vm               run the node scripts on a throwaway qemu VM (slow)"
+	@echo "make checkers              build promtool and fetch the CRD schemas the tests check against (cached; make test runs it)"
 	@echo "make lint                  ruff, shellcheck, yamllint"
 	@echo "make checkov [STACK=prod]  render, then checkov on rendered/<stack>/ (its own venv, .venv-checkov)"
 	@echo "make policy-check FILES=…  check plain Kubernetes YAML with the policy pack"
@@ -65,14 +66,18 @@ $(STAMP): requirements.txt requirements-dev.txt
 render: $(RENDER_STAMP)
 	$(PY) -m tools.render $(STACK) $(if $(DEPLOYED),--deployed $(DEPLOYED))
 
-test: $(STAMP) $(CHECKOV)
+test: $(STAMP) $(CHECKOV) checkers
 	$(PY) -m pytest -q
+
+# promtool and the CRD schemas the serving tests check against (tools/checkers, cached).
+checkers:
+	bash tools/checkers/build.sh >/dev/null
 
 test-vm: $(STAMP)
 	bash tests/vm/install-host-deps.sh
 	GS_VM_TESTS=1 $(PY) -m pytest -q tests/vm
 
-SHELL_SCRIPTS = $(wildcard components/node_scripts/*.sh tests/vm/*.sh tools/engine/*.sh tools/cluster/*.sh .ci/run)
+SHELL_SCRIPTS = $(wildcard components/node_scripts/*.sh tests/vm/*.sh tools/engine/*.sh tools/cluster/*.sh tools/checkers/*.sh .ci/run)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -41,6 +41,7 @@ import pulumi_kubernetes as k8s
 import stacks
 from stacks.config import Cluster as ClusterConfig
 from stacks.config import Node
+from stacks.config.cluster import GPU_COUNT_LABEL
 
 SCRIPTS = Path(__file__).resolve().parent / "node_scripts"
 HEADER = "#!/usr/bin/env bash\nset -euo pipefail\n"
@@ -182,11 +183,14 @@ def steps(node: Node, cluster: ClusterConfig) -> list[Step]:
 
 
 def node_labels(node: Node, cluster: ClusterConfig) -> dict[str, str]:
-    return {
-        cluster.gpu_product_label: node.gpu.product,
-        "nvidia.com/gpu.present": "true",
-        "nvidia.com/gpu.count": str(node.gpu.count),
-    }
+    """Under the project's own keys: GPU Feature Discovery owns `nvidia.com/gpu.product` and
+    `.count` and would rewrite what a force-applied patch sets (labels flap, selectors miss).
+    `nvidia.com/gpu.present` is what the device plugin's chart selects nodes by when nothing
+    else labels them; with GFD it is GFD's."""
+    labels = {cluster.gpu_product_label: node.gpu.product, GPU_COUNT_LABEL: str(node.gpu.count)}
+    if not cluster.gpu_feature_discovery:
+        labels["nvidia.com/gpu.present"] = "true"
+    return labels
 
 
 def node_taints(cluster: ClusterConfig) -> list[dict[str, str]]:

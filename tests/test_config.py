@@ -66,9 +66,8 @@ def test_defaults_come_from_the_models() -> None:
 
 def test_secret_keys_are_listed_once_in_a_stable_order() -> None:
     stack = parse(prod_raw())
-    assert stack.secret_keys() == ["hfToken", "sshPrivateKey", "sshHostKeyWorker02"]
+    assert stack.secret_keys() == ["hfToken", "sshPrivateKey", "sshHostKeyWorker02", "vllmApiKey"]
     raw = prod_raw()
-    raw["models"][0]["apiKeySecret"] = "vllmApiKey"
     raw["cluster"]["kubeconfig"] = {"secret": "kubeconfig"}
     assert parse(raw).secret_keys() == ["hfToken", "kubeconfig", "sshPrivateKey", "sshHostKeyWorker02", "vllmApiKey"]
 

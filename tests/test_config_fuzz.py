@@ -76,8 +76,9 @@ def mutated_prod(draw: st.DrawFn) -> dict[str, Any]:
 
 def load(raw: dict[str, Any]) -> StackConfig:
     values = {f"gpu-serving:{key}": value if isinstance(value, str) else json.dumps(value) for key, value in raw.items()}
-    values.update({"gpu-serving:hfToken": "x", "gpu-serving:sshPrivateKey": "x", "gpu-serving:sshHostKeyWorker02": "x"})
-    pulumi.runtime.set_all_config(values, ["gpu-serving:hfToken", "gpu-serving:sshPrivateKey", "gpu-serving:sshHostKeyWorker02"])
+    secrets = ["gpu-serving:hfToken", "gpu-serving:sshPrivateKey", "gpu-serving:sshHostKeyWorker02", "gpu-serving:vllmApiKey"]
+    values.update(dict.fromkeys(secrets, "x"))
+    pulumi.runtime.set_all_config(values, secrets)
     return stacks.load()
 
 

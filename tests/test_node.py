@@ -258,10 +258,11 @@ def test_node_patch_labels_and_taint(prod):
     assert len(patches) == 1
     patch = patches[0]
     assert patch.inputs["metadata"]["name"] == NODE
+    # The project's own keys: GPU Feature Discovery owns nvidia.com/gpu.product and .count.
     assert patch.inputs["metadata"]["labels"] == {
-        "nvidia.com/gpu.product": "nvidia-a100",
+        "gpu-serving/gpu.product": "nvidia-a100",
         "nvidia.com/gpu.present": "true",
-        "nvidia.com/gpu.count": "2",
+        "gpu-serving/gpu.count": "2",
     }
     assert patch.inputs["spec"]["taints"] == [{"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}]
     runtime = commands(prod)["80-runtime"]

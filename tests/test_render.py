@@ -15,7 +15,9 @@ from tools.render import ROOT, Render, run_program, write
 
 KUBERNETES_VERSION = "1.37.0"
 # Custom resources have no schema in kubernetes-validate; everything else is checked strictly.
-NO_SCHEMA = {("keda.sh/v1alpha1", "ScaledObject")}
+# Custom resources: kubernetes-validate has no schema for them (tests/checkers.py checks them against their CRDs).
+NO_SCHEMA = {("keda.sh/v1alpha1", "ScaledObject"), ("monitoring.coreos.com/v1", "PodMonitor"),
+             ("monitoring.coreos.com/v1", "PrometheusRule"), ("gateway.networking.k8s.io/v1", "HTTPRoute")}
 
 
 def render_cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -121,10 +123,11 @@ def test_render_yaml_to_writes_no_secret_and_says_what_to_create(render) -> None
     assert not result.of_type("kubernetes:core/v1:Secret")
     assert "hfToken" not in result.config.secret_keys()
     [warning] = [w for w in result.warnings if "renderYamlTo" in w]
-    assert "Secret ai/vllm-qwen3-secrets (keys hf-token)" in warning
-    assert "kubectl -n ai create secret generic vllm-qwen3-secrets --from-file=hf-token=hf-token.txt" in warning
-    [deployment] = result.of_type("kubernetes:apps/v1:Deployment")
-    env = deployment.inputs["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert "Secret ai/vllm-qwen3-secrets (keys hf-token, api-key)" in warning
+    assert ("kubectl -n ai create secret generic vllm-qwen3-secrets --from-file=hf-token=hf-token.txt "
+            "--from-file=api-key=api-key.txt") in warning
+    [job] = [j for j in result.of_type("kubernetes:batch/v1:Job") if "-dl-" in j.inputs["metadata"]["name"]]
+    env = job.inputs["spec"]["template"]["spec"]["containers"][0]["env"]
     assert {"name": "vllm-qwen3-secrets", "key": "hf-token"} in [e.get("valueFrom", {}).get("secretKeyRef") for e in env]
 
 

@@ -73,11 +73,14 @@ def two_models() -> list[dict[str, Any]]:
 
 
 def assert_valid(render: Render) -> int:
+    from tests import checkers
+
     checked = 0
     for obj in render.kubernetes_objects():
-        if (obj["apiVersion"], obj["kind"]) == ("keda.sh/v1alpha1", "ScaledObject"):
-            continue  # a custom resource: kubernetes-validate has no schema for it
-        kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+        if obj["apiVersion"].split("/")[0] in checkers.CRD_GROUPS:
+            checkers.validate(obj)  # a custom resource: against its CRD's schema
+        else:
+            kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
         checked += 1
     return checked
 
@@ -120,7 +123,7 @@ def test_memory_limit_leaves_room_for_shm(memory: str, shm: int, limit: str) -> 
 def test_container_args_are_the_seed_flags_from_config() -> None:
     args = serving.container_args(model_of(gpusPerReplica=2, extraArgs=["--enable-prefix-caching"]))
     assert args == [
-        "--model=Qwen/Qwen3-8B-AWQ",
+        "Qwen/Qwen3-8B-AWQ",  # positional: `vllm serve --model` is deprecated
         "--revision=main",
         "--served-model-name=qwen3",
         "--host=0.0.0.0",
@@ -129,6 +132,7 @@ def test_container_args_are_the_seed_flags_from_config() -> None:
         "--tensor-parallel-size=2",
         "--gpu-memory-utilization=0.9",
         "--max-model-len=16384",
+        "--shutdown-timeout=600",  # prod pins vLLM >= 0.18
         "--enable-prefix-caching",
     ]
 
@@ -142,7 +146,7 @@ def test_download_job_name_changes_with_the_revision_only() -> None:
 
 
 def test_version_label_from_tag_or_digest() -> None:
-    assert serving.labels(model_of(), "x")["app.kubernetes.io/version"] == "v0.11.0"
+    assert serving.labels(model_of(), "x")["app.kubernetes.io/version"] == "v0.18.0"
     digest = "registry.lan:5000/vllm/vllm-openai@sha256:" + "a" * 64
     assert serving.labels(model_of(image=digest), "x")["app.kubernetes.io/version"] == "digest"
 
@@ -150,9 +154,9 @@ def test_version_label_from_tag_or_digest() -> None:
 @pytest.mark.parametrize(
     ("path", "route"),
     [
-        ("/", ("/", "Prefix", None)),
-        ("/qwen3", ("/qwen3(/|$)(.*)", "ImplementationSpecific", "/$2")),
-        ("/team/qwen3/", ("/team/qwen3(/|$)(.*)", "ImplementationSpecific", "/$2")),
+        ("/", ("/v1", "Prefix", None)),
+        ("/qwen3", ("/qwen3/v1(/|$)(.*)", "ImplementationSpecific", "/v1/$2")),
+        ("/team/qwen3/", ("/team/qwen3/v1(/|$)(.*)", "ImplementationSpecific", "/v1/$2")),
     ],
 )
 def test_ingress_sub_paths_are_stripped_before_vllm(path: str, route: tuple[str, str, str | None]) -> None:
@@ -239,16 +243,19 @@ def test_shm_and_model_volume_match_download_dir(prod: Render) -> None:
 
 def test_tokens_come_from_the_secret(prod: Render) -> None:
     secret = one(prod, SECRET)
-    assert secret["stringData"] == {"hf-token": "[secret]"}
+    assert secret["stringData"] == {"hf-token": "[secret]", "api-key": "[secret]"}
     (resource,) = prod.of_type(SECRET)
     from tools.render import is_secret
 
     data = resource.inputs["stringData"]
     assert is_secret(data) or is_secret(data["hf-token"])
-    env = env_of(container(one(prod, DEPLOYMENT)))
+    # Only the download Job holds the Hugging Face token; the server holds the API key.
+    env = env_of(one(prod, JOB)["spec"]["template"]["spec"]["containers"][0])
     ref = {"secretKeyRef": {"name": secret["metadata"]["name"], "key": "hf-token"}}
     assert env["HF_TOKEN"] == env["HUGGING_FACE_HUB_TOKEN"] == ref
-    assert "VLLM_API_KEY" not in env
+    server = env_of(container(one(prod, DEPLOYMENT)))
+    assert server["VLLM_API_KEY"] == {"secretKeyRef": {"name": secret["metadata"]["name"], "key": "api-key"}}
+    assert "HF_TOKEN" not in server and "HUGGING_FACE_HUB_TOKEN" not in server
 
 
 def test_api_key_is_a_secret_env_and_never_leaks(render) -> None:  # type: ignore[no-untyped-def]
@@ -264,7 +271,7 @@ def test_api_key_is_a_secret_env_and_never_leaks(render) -> None:  # type: ignor
 
 def test_pods_land_on_the_gpu_product_and_tolerate_the_taint(prod: Render) -> None:
     spec = one(prod, DEPLOYMENT)["spec"]["template"]["spec"]
-    assert spec["nodeSelector"] == {"nvidia.com/gpu.product": "nvidia-a100"}
+    assert spec["nodeSelector"] == {"gpu-serving/gpu.product": "nvidia-a100"}
     assert spec["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Equal", "value": "true", "effect": "NoSchedule"}]
     assert "runtimeClassName" not in spec
     assert spec["enableServiceLinks"] is False
@@ -359,7 +366,12 @@ def test_service_and_ingress_stream(prod: Render) -> None:
     assert path["backend"]["service"] == {"name": service["metadata"]["name"], "port": {"name": "http"}}
 
 
-def test_hpa_scales_on_the_queue_and_leaves_replicas_alone(prod: Render) -> None:
+def hpa_render(render, **overrides: Any) -> Render:  # type: ignore[no-untyped-def]
+    return render(cluster=prod_raw()["cluster"] | {"autoscaling": "hpa"}, **overrides)
+
+
+def test_hpa_scales_on_the_queue_and_leaves_replicas_alone(render) -> None:  # type: ignore[no-untyped-def]
+    prod = hpa_render(render)
     assert "replicas" not in one(prod, DEPLOYMENT)["spec"]
     hpa = one(prod, HPA)["spec"]
     assert hpa["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "vllm-qwen3"}
@@ -378,7 +390,7 @@ def test_hpa_scales_on_the_queue_and_leaves_replicas_alone(prod: Render) -> None
 
 
 def test_hpa_target_is_configurable(render) -> None:  # type: ignore[no-untyped-def]
-    result = render(models=[prod_model(replicas={"min": 1, "max": 2, "targetRequestsWaiting": 8})])
+    result = hpa_render(render, models=[prod_model(replicas={"min": 1, "max": 2, "targetRequestsWaiting": 8})])
     assert one(result, HPA)["spec"]["metrics"][0]["pods"]["target"]["averageValue"] == "8"
 
 
@@ -414,7 +426,7 @@ def test_outputs_per_model(prod: Render) -> None:
             "ingressUrl": "https://ai.primer.rs/v1",
             "servedModelName": "qwen3",
             "gpusPerReplica": 1,
-            "replicas": {"min": 1, "max": 2, "autoscaler": "hpa"},
+            "replicas": {"min": 1, "max": 2, "autoscaler": "keda"},
         }
     }
 
@@ -422,7 +434,7 @@ def test_outputs_per_model(prod: Render) -> None:
 def test_component_type_and_parents(prod: Render) -> None:
     (component,) = prod.of_type("gpu-serving:serving:VllmService")
     children = [r for r in prod.resources if r.parent == component.urn]
-    assert {r.type for r in children} >= {SECRET, JOB, DEPLOYMENT, SERVICE, INGRESS, HPA}
+    assert {r.type for r in children} >= {SECRET, JOB, DEPLOYMENT, SERVICE, INGRESS, SCALED_OBJECT}
     for child in children:
         assert child.inputs["metadata"]["namespace"] == "ai"
 
@@ -454,9 +466,9 @@ def test_two_models_share_a_host_namespace_and_volume(render) -> None:  # type: 
         (rule,) = ingress.inputs["spec"]["rules"]
         (path,) = rule["http"]["paths"]
         routes[(rule["host"], path["path"])] = path["backend"]["service"]["name"]
-        assert ingress.inputs["metadata"]["annotations"]["nginx.ingress.kubernetes.io/rewrite-target"] == "/$2"
+        assert ingress.inputs["metadata"]["annotations"]["nginx.ingress.kubernetes.io/rewrite-target"] == "/v1/$2"
         assert path["pathType"] == "ImplementationSpecific"
-    assert routes == {("ai.primer.rs", "/qwen3(/|$)(.*)"): "vllm-qwen3", ("ai.primer.rs", "/small(/|$)(.*)"): "vllm-small"}
+    assert routes == {("ai.primer.rs", "/qwen3/v1(/|$)(.*)"): "vllm-qwen3", ("ai.primer.rs", "/small/v1(/|$)(.*)"): "vllm-small"}
     outputs = result.outputs["models"]
     assert outputs["small"]["ingressUrl"] == "https://ai.primer.rs/small/v1"
     assert outputs["small"]["url"] == "http://vllm-small.ai.svc:8000/v1"

@@ -130,7 +130,7 @@ def test_prod_has_a_smoke_job_after_the_rollout(prod: Render) -> None:
     assert "nvidia.com/gpu" not in json.dumps(container["resources"])
     assert "tolerations" not in pod and "nodeSelector" not in pod
     env = {e["name"]: e.get("value") for e in container["env"]}
-    assert env == {"BASE": "http://vllm-qwen3.ai.svc:8000", "MODEL": "qwen3"}
+    assert env == {"BASE": "http://vllm-qwen3.ai.svc:8000", "MODEL": "qwen3", "VLLM_API_KEY": None}  # prod has a key
 
 
 def test_smoke_job_is_renamed_when_what_serves_changes() -> None:

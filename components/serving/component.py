@@ -9,8 +9,19 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from components.serving.autoscaling import autoscaler, hpa_spec, scaled_object
-from components.serving.edge import in_cluster_url, ingress_annotations, ingress_spec, ingress_url, network_policy_spec, service_spec
+from components.serving.drain import disruption_budget_spec
+from components.serving.edge import (
+    egress_policy_spec,
+    in_cluster_url,
+    ingress_annotations,
+    ingress_spec,
+    ingress_url,
+    network_policy_spec,
+    service_spec,
+)
+from components.serving.gateway import httproute_spec
 from components.serving.jobs import SMOKE_DEADLINE_S, job_spec, smoke_job_name, smoke_job_spec
+from components.serving.monitoring import pod_monitor_spec, prometheus_rule_spec
 from components.serving.names import download_job_name, labels, object_name, secret_name
 from components.serving.server import deployment_spec
 from components.serving.sizing import IMAGE_PULL_S, deployment_timeout_seconds, download_deadline_seconds
@@ -47,7 +58,7 @@ def credentials_note(model: Model, namespace: str) -> str:
 
 
 class VllmService(pulumi.ComponentResource):
-    """Secret, pre-download Job, Deployment, Service, NetworkPolicy, a smoke-test Job, and when
+    """Secret, pre-download Job, Deployment, Service, PodDisruptionBudget, NetworkPolicies, a smoke-test Job, and when
     configured an Ingress and an autoscaler, for one model."""
 
     url: pulumi.Output[str]
@@ -110,8 +121,23 @@ class VllmService(pulumi.ComponentResource):
         k8s.networking.v1.NetworkPolicy(
             f"{name}-network-policy", metadata=meta(base, "inference-server"), spec=network_policy_spec(model), opts=child
         )
+        k8s.policy.v1.PodDisruptionBudget(
+            f"{name}-pdb", metadata=meta(base, "inference-server"), spec=disruption_budget_spec(model), opts=child
+        )
+        k8s.networking.v1.NetworkPolicy(
+            f"{name}-egress", metadata=meta(f"{base}-egress", "inference-server"), spec=egress_policy_spec(model), opts=child
+        )
 
-        if model.ingress is not None:
+        if model.ingress is not None and cluster.edge == "gateway":
+            k8s.apiextensions.CustomResource(
+                f"{name}-route",
+                api_version="gateway.networking.k8s.io/v1",
+                kind="HTTPRoute",
+                metadata=meta(base, "inference-server"),
+                spec=httproute_spec(model, cluster),
+                opts=pulumi.ResourceOptions(parent=self, depends_on=[service]),
+            )
+        elif model.ingress is not None:
             metadata = meta(base, "inference-server")
             k8s.networking.v1.Ingress(
                 f"{name}-ingress",
@@ -138,6 +164,32 @@ class VllmService(pulumi.ComponentResource):
                 ),
             )
 
+        monitoring = cluster.monitoring
+
+        def monitoring_meta(object_name: str) -> k8s.meta.v1.ObjectMetaArgs:
+            return k8s.meta.v1.ObjectMetaArgs(
+                name=object_name, namespace=namespace, labels={**labels(model, "monitoring"), **monitoring.labels}
+            )
+
+        if monitoring.pod_monitor:
+            k8s.apiextensions.CustomResource(
+                f"{name}-pod-monitor",
+                api_version="monitoring.coreos.com/v1",
+                kind="PodMonitor",
+                metadata=monitoring_meta(base),
+                spec=pod_monitor_spec(model),
+                opts=child,
+            )
+        if monitoring.alerts:
+            k8s.apiextensions.CustomResource(
+                f"{name}-alerts",
+                api_version="monitoring.coreos.com/v1",
+                kind="PrometheusRule",
+                metadata=monitoring_meta(base),
+                spec=prometheus_rule_spec(model, namespace),
+                opts=child,
+            )
+
         scaler = autoscaler(cluster, model)
         after_deployment = pulumi.ResourceOptions(parent=self, depends_on=[deployment])
         if scaler == "hpa":
@@ -155,7 +207,7 @@ class VllmService(pulumi.ComponentResource):
             )
 
         self.url = pulumi.Output.from_input(in_cluster_url(model, namespace))
-        self.ingress_url = pulumi.Output.from_input(ingress_url(model))
+        self.ingress_url = pulumi.Output.from_input(ingress_url(model, cluster))
         self.served_model_name = pulumi.Output.from_input(model.name)
         self.gpus_per_replica = pulumi.Output.from_input(model.gpus_per_replica)
         self.replicas = pulumi.Output.from_input({"min": model.replicas.min, "max": model.replicas.max, "autoscaler": scaler})

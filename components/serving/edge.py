@@ -9,6 +9,15 @@ from stacks.config import Cluster as ClusterConfig
 from stacks.config import Model
 
 PROXY_TIMEOUT_S = 600
+"""Longest a request may stream through the edge; the drain on shutdown is sized from it too."""
+
+
+OPENAI_PREFIX = "/v1"
+"""The only paths the edge forwards. vLLM's API key guards `/v1` alone: `/invocations`,
+`/tokenize`, `/metrics`, `/pooling` and the admin endpoints answer anyone who reaches the pod."""
+
+
+DNS_PORT = 53
 
 
 def service_spec(model: Model) -> k8s.core.v1.ServiceSpecArgs:
@@ -20,12 +29,14 @@ def service_spec(model: Model) -> k8s.core.v1.ServiceSpecArgs:
 
 
 def ingress_route(path: str) -> tuple[str, str, str | None]:
-    """(path, pathType, rewrite target). vLLM serves /v1/... at its root, so a model under a
-    sub-path needs the prefix stripped; ImplementationSpecific because the path is a regex."""
+    """(path, pathType, rewrite target) that forward `<path>/v1/...` and nothing else. vLLM
+    serves /v1/... at its root, so a model under a sub-path needs the prefix stripped;
+    ImplementationSpecific because the path is then a regex. The rewrite target starts with
+    the literal `/v1/`, so what reaches vLLM is visibly under /v1 whatever the request was."""
     path = path.rstrip("/")
     if not path:
-        return "/", "Prefix", None
-    return f"{path}(/|$)(.*)", "ImplementationSpecific", "/$2"
+        return OPENAI_PREFIX, "Prefix", None
+    return f"{path}{OPENAI_PREFIX}(/|$)(.*)", "ImplementationSpecific", f"{OPENAI_PREFIX}/$2"
 
 
 def ingress_annotations(model: Model, cluster: ClusterConfig) -> dict[str, str]:
@@ -48,6 +59,9 @@ def ingress_annotations(model: Model, cluster: ClusterConfig) -> dict[str, str]:
         annotations["nginx.ingress.kubernetes.io/rewrite-target"] = rewrite
     if model.ingress.tls_secret and cluster.cluster_issuer:
         annotations["cert-manager.io/cluster-issuer"] = cluster.cluster_issuer
+    if model.ingress.auth_url:
+        # ingress-nginx asks this service first; anything but 2xx is refused at the edge.
+        annotations["nginx.ingress.kubernetes.io/auth-url"] = model.ingress.auth_url
     return annotations
 
 
@@ -78,7 +92,8 @@ def ingress_spec(model: Model, cluster: ClusterConfig) -> k8s.networking.v1.Ingr
 
 def network_policy_spec(model: Model) -> k8s.networking.v1.NetworkPolicySpecArgs:
     """Only the API port is reachable (ingress controller, in-cluster clients, Prometheus);
-    the download Job's pods match too and listen on nothing. Egress stays open for the hub."""
+    the download Job's pods match too and listen on nothing. Their egress is open for the hub;
+    the serving pods' is closed by `egress_policy_spec`."""
     return k8s.networking.v1.NetworkPolicySpecArgs(
         pod_selector=k8s.meta.v1.LabelSelectorArgs(match_labels=instance_labels(model)),
         policy_types=["Ingress"],
@@ -88,13 +103,33 @@ def network_policy_spec(model: Model) -> k8s.networking.v1.NetworkPolicySpecArgs
     )
 
 
+def egress_policy_spec(model: Model) -> k8s.networking.v1.NetworkPolicySpecArgs:
+    """Serving pods reach DNS and the model's `egressCidrs`, nothing else: they load from the
+    volume (HF_HUB_OFFLINE) and have no business calling out, so a stray usage report, a hub
+    look-up or an exfiltration attempt fails instead of leaving the cluster. Only the serving
+    pods: the download Job must reach the hub."""
+    net = k8s.networking.v1
+    dns = [net.NetworkPolicyPortArgs(port=DNS_PORT, protocol=p) for p in ("UDP", "TCP")]
+    rules = [net.NetworkPolicyEgressRuleArgs(ports=dns)]
+    if model.egress_cidrs:
+        peers = [net.NetworkPolicyPeerArgs(ip_block=net.IPBlockArgs(cidr=cidr)) for cidr in model.egress_cidrs]
+        rules.append(net.NetworkPolicyEgressRuleArgs(to=peers))
+    return net.NetworkPolicySpecArgs(
+        pod_selector=k8s.meta.v1.LabelSelectorArgs(match_labels=selector_labels(model)), policy_types=["Egress"], egress=rules
+    )
+
+
 def in_cluster_url(model: Model, namespace: str) -> str:
     """OpenAI base URL inside the cluster."""
     return f"http://{object_name(model)}.{namespace}.svc:{PORT}/v1"
 
 
-def ingress_url(model: Model) -> str | None:
+def ingress_url(model: Model, cluster: ClusterConfig | None = None) -> str | None:
     if model.ingress is None:
         return None
-    scheme = "https" if model.ingress.tls_secret else "http"
+    if cluster is not None and cluster.edge == "gateway":
+        assert cluster.gateway is not None
+        scheme = "https" if cluster.gateway.https else "http"
+    else:
+        scheme = "https" if model.ingress.tls_secret else "http"
     return f"{scheme}://{model.ingress.host}{model.ingress.path.rstrip('/')}/v1"

@@ -9,12 +9,12 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from components.serving.names import DOWNLOAD_DIR, PORT, STATE_DIR, labels, marker_path, object_name, secret_name
+from components.serving.profile import NON_ROOT_UID, non_root, pod_security_context
 from components.serving.server import (
     MODEL_MOUNT_ARGS,
     container_args,
     gpu_toleration,
     model_volume,
-    pod_security_context,
     secret_env,
     token_env,
 )
@@ -85,7 +85,8 @@ def smoke_job_name(model: Model) -> str:
 
 
 def run_once_job(
-    model: Model, component: str, *, backoff: int, deadline_s: int, container: k8s.core.v1.ContainerArgs, **pod: Any
+    model: Model, component: str, *, backoff: int, deadline_s: int, container: k8s.core.v1.ContainerArgs,
+    as_server: bool = False, **pod: Any,
 ) -> k8s.batch.v1.JobSpecArgs:
     """A Job that runs one container to completion, with the pod hardening every Job here shares.
     Finished Jobs keep their logs a week; once one is gone, `pulumi refresh` + `up` re-creates it."""
@@ -100,7 +101,8 @@ def run_once_job(
                 containers=[container],
                 enable_service_links=False,
                 automount_service_account_token=False,
-                security_context=pod_security_context(),
+                # The download Job writes what the server then locks and reads: the same user.
+                security_context=pod_security_context(model if as_server else None),
                 **pod,
             ),
         ),
@@ -136,7 +138,9 @@ def job_spec(model: Model, cluster: ClusterConfig, claim_name: pulumi.Input[str]
         resources=k8s.core.v1.ResourceRequirementsArgs(requests={"cpu": "500m", "memory": "1Gi"}, limits={"memory": "4Gi"}),
         volume_mounts=[MODEL_MOUNT_ARGS, k8s.core.v1.VolumeMountArgs(name="tmp", mount_path="/tmp")],
         # The downloader writes only to the volume (HF_HOME and the cache are there).
-        security_context=read_only_security_context(),
+        security_context=read_only_security_context(
+            **({"run_as_non_root": True, "run_as_user": NON_ROOT_UID, "run_as_group": NON_ROOT_UID} if non_root(model) else {})
+        ),
     )
     return run_once_job(
         model,
@@ -144,6 +148,7 @@ def job_spec(model: Model, cluster: ClusterConfig, claim_name: pulumi.Input[str]
         backoff=3,
         deadline_s=download_deadline_seconds(model.weights_gb),
         container=download,
+        as_server=True,
         volumes=[
             model_volume(claim_name),
             k8s.core.v1.VolumeArgs(name="tmp", empty_dir=k8s.core.v1.EmptyDirVolumeSourceArgs(size_limit="1Gi")),

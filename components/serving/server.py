@@ -6,15 +6,20 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from components.serving.autoscaling import autoscaler
+from components.serving.drain import grace_period_seconds, lifecycle, shutdown_args
 from components.serving.names import DOWNLOAD_DIR, MODEL_MOUNT, PORT, labels, secret_name, selector_labels
+from components.serving.profile import container_security_context, pod_security_context, profile_env, scratch_volumes
 from components.serving.sizing import PROBE_PERIOD_S, deployment_timeout_seconds, memory_limit, shm_size_gi, startup_budget_seconds
 from stacks.config import Cluster as ClusterConfig
 from stacks.config import Model
+from stacks.config.cluster import GFD_PRODUCT_LABEL
 
 
 def container_args(model: Model) -> list[str]:
+    """Arguments to the image's `vllm serve` entrypoint. The model is the positional argument:
+    `--model` is deprecated in `vllm serve`."""
     return [
-        f"--model={model.hugging_face_id}",
+        model.hugging_face_id,
         f"--revision={model.revision}",
         f"--served-model-name={model.name}",  # also the `model_name` label of every vLLM metric
         "--host=0.0.0.0",
@@ -24,6 +29,7 @@ def container_args(model: Model) -> list[str]:
         f"--tensor-parallel-size={model.gpus_per_replica}",
         f"--gpu-memory-utilization={model.gpu_memory_utilization:g}",
         f"--max-model-len={model.max_model_len}",
+        *shutdown_args(model),
         *model.extra_args,
     ]
 
@@ -62,12 +68,21 @@ def token_env(model: Model) -> list[k8s.core.v1.EnvVarArgs]:
     return [secret_env(name, secret_name(model), "hf-token") for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")]
 
 
+# vLLM reports usage to its maintainers unless told not to; DO_NOT_TRACK covers the libraries
+# that honour the convention. The egress NetworkPolicy would block the report anyway: this keeps
+# the pod from trying (and logging the failure) in the first place.
+NO_TELEMETRY = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+
+
 def server_env(model: Model, api_key: bool) -> list[k8s.core.v1.EnvVarArgs]:
+    # No HF_TOKEN: the download Job fetched the revision, and a pod that never reaches the hub
+    # has no use for the credential (a compromised server cannot leak what it never held).
     env = [
-        *token_env(model),
         k8s.core.v1.EnvVarArgs(name="HF_HUB_CACHE", value=DOWNLOAD_DIR),
         # The Job downloaded the revision; a restart must never reach the hub (seed scenario 3).
         k8s.core.v1.EnvVarArgs(name="HF_HUB_OFFLINE", value="1"),
+        *(k8s.core.v1.EnvVarArgs(name=k, value=v) for k, v in NO_TELEMETRY.items()),
+        *(k8s.core.v1.EnvVarArgs(name=k, value=v) for k, v in profile_env(model).items()),
     ]
     if api_key:
         env.append(secret_env("VLLM_API_KEY", secret_name(model), "api-key"))
@@ -75,18 +90,10 @@ def server_env(model: Model, api_key: bool) -> list[k8s.core.v1.EnvVarArgs]:
     return env
 
 
-def pod_security_context() -> k8s.core.v1.PodSecurityContextArgs:
-    return k8s.core.v1.PodSecurityContextArgs(seccomp_profile=k8s.core.v1.SeccompProfileArgs(type="RuntimeDefault"))
-
-
-def container_security_context() -> k8s.core.v1.SecurityContextArgs:
-    # The vLLM image runs as root and writes caches (torch.compile, triton, vllm) under its
-    # home: no runAsNonRoot or read-only root, but nothing beyond plain root either.
-    return k8s.core.v1.SecurityContextArgs(
-        allow_privilege_escalation=False,
-        privileged=False,
-        capabilities=k8s.core.v1.CapabilitiesArgs(drop=["ALL"]),
-    )
+def node_selector(model: Model, cluster: ClusterConfig) -> dict[str, str]:
+    if model.gfd_product is not None:
+        return {GFD_PRODUCT_LABEL: model.gfd_product}
+    return {cluster.gpu_product_label: model.gpu_product}
 
 
 def gpu_toleration(cluster: ClusterConfig) -> k8s.core.v1.TolerationArgs:
@@ -106,6 +113,7 @@ MODEL_MOUNT_ARGS = k8s.core.v1.VolumeMountArgs(name="models", mount_path=MODEL_M
 
 def pod_spec(model: Model, cluster: ClusterConfig, claim_name: pulumi.Input[str], api_key: bool) -> k8s.core.v1.PodSpecArgs:
     shm = shm_size_gi(model.gpus_per_replica)
+    scratch, scratch_mounts = scratch_volumes(model)
     return k8s.core.v1.PodSpecArgs(
         containers=[
             k8s.core.v1.ContainerArgs(
@@ -121,26 +129,28 @@ def pod_spec(model: Model, cluster: ClusterConfig, claim_name: pulumi.Input[str]
                     limits={"nvidia.com/gpu": str(model.gpus_per_replica), "memory": memory_limit(model.memory, shm)},
                     requests={"cpu": model.cpu, "memory": model.memory},
                 ),
-                volume_mounts=[MODEL_MOUNT_ARGS, k8s.core.v1.VolumeMountArgs(name="dshm", mount_path="/dev/shm")],
+                volume_mounts=[MODEL_MOUNT_ARGS, k8s.core.v1.VolumeMountArgs(name="dshm", mount_path="/dev/shm"), *scratch_mounts],
                 startup_probe=startup_probe(model.weights_gb),
                 readiness_probe=readiness_probe(),
                 liveness_probe=liveness_probe(),
-                security_context=container_security_context(),
+                lifecycle=lifecycle(),
+                security_context=container_security_context(model),
             )
         ],
         volumes=[
             model_volume(claim_name),
             k8s.core.v1.VolumeArgs(name="dshm", empty_dir=k8s.core.v1.EmptyDirVolumeSourceArgs(medium="Memory", size_limit=f"{shm}Gi")),
+            *scratch,
         ],
-        node_selector={cluster.gpu_product_label: model.gpu_product},
+        node_selector=node_selector(model, cluster),
         tolerations=[gpu_toleration(cluster)],
         runtime_class_name=cluster.runtime_class_name,
         # Service links would put e.g. VLLM_PORT=tcp://… into the env for a Service named `vllm`,
         # which vLLM reads as its own setting and refuses to start.
         enable_service_links=False,
         automount_service_account_token=False,
-        security_context=pod_security_context(),
-        termination_grace_period_seconds=60,
+        security_context=pod_security_context(model),
+        termination_grace_period_seconds=grace_period_seconds(),
     )
 
 

@@ -12,6 +12,9 @@ from typing import Any
 from .core import EMPTY, Resource
 
 GPU = "nvidia.com/gpu"
+# The gpu-serving stack's own node labels (stacks/config/cluster.py): GPU Feature Discovery owns nvidia.com/gpu.*.
+PROJECT_PRODUCT_LABEL = "gpu-serving/gpu.product"
+PROJECT_COUNT_LABEL = "gpu-serving/gpu.count"
 
 DEPLOYMENT = "kubernetes:apps/v1:Deployment"
 STATEFULSET = "kubernetes:apps/v1:StatefulSet"
@@ -187,12 +190,46 @@ def flag_value(tokens: Sequence[str], *names: str) -> str | None:
     return found
 
 
-def is_vllm(container: Mapping) -> bool:
+def vllm_image(container: Mapping) -> bool:
+    """The image's repository (not its tag or registry port) names vLLM: vllm/vllm-openai,
+    registry.lan:5000/ml/VLLM-custom, ghcr.io/org/vllm-tpu@sha256:…"""
     image = container.get("image")
-    if isinstance(image, str) and "vllm" in image.lower():
+    if not isinstance(image, str):
+        return False
+    parts = image.split("@", 1)[0].split("/")
+    parts[-1] = parts[-1].split(":", 1)[0]
+    if len(parts) > 1 and ("." in parts[0] or ":" in parts[0] or parts[0] == "localhost"):
+        parts = parts[1:]  # the registry host says nothing about what runs
+    return "vllm" in "/".join(parts).lower()
+
+
+# `vllm serve`, `/usr/local/bin/vllm serve`, `python3 -m vllm.entrypoints.cli.main serve`, the
+# OpenAI server module run directly (`-m vllm.entrypoints.openai.api_server`), old or new.
+_SERVER_MODULES = ("vllm.entrypoints.openai.api_server", "vllm.entrypoints.api_server")
+
+
+def _runs_vllm_server(tokens: Sequence[str]) -> bool:
+    for i, token in enumerate(tokens):
+        base = token.rsplit("/", 1)[-1]
+        if base in ("vllm", "vllm.entrypoints.cli.main") and i + 1 < len(tokens) and tokens[i + 1] == "serve":
+            return True
+        if base in _SERVER_MODULES or any(token.endswith(m) for m in _SERVER_MODULES):
+            return True
+    return False
+
+
+def is_vllm_server(container: Mapping) -> bool:
+    """A container that runs vLLM's OpenAI server, however it is written: its command line calls
+    the server, or a vLLM image runs its own entrypoint (`vllm serve`) because no command
+    replaces it. A vLLM image with another command (a download script) is not a server."""
+    if _runs_vllm_server(argv(container)):
         return True
-    line = " ".join(argv(container))
-    return bool(re.search(r"\bvllm\s+serve\b", line)) or "vllm.entrypoints" in line
+    return vllm_image(container) and not as_list(container.get("command"))
+
+
+def is_vllm(container: Mapping) -> bool:
+    """Anything vLLM: a server, or another container of a vLLM image (it shares the caches)."""
+    return vllm_image(container) or is_vllm_server(container) or "vllm.entrypoints" in " ".join(argv(container))
 
 
 def vllm_model(tokens: Sequence[str]) -> str | None:

@@ -7,11 +7,12 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from . import k8s
-from .core import MANDATORY, Resource, Rule, Unknown, attempt
+from .core import ADVISORY, MANDATORY, Resource, Rule, Unknown, attempt
 from .k8s import GPU, as_list, as_map, dig, namespace, to_int
 
-# KEDA's default maxReplicaCount when a ScaledObject does not set one.
+# KEDA's defaults when a ScaledObject does not set maxReplicaCount / minReplicaCount.
 KEDA_DEFAULT_MAX = 100
+KEDA_DEFAULT_MIN = 0
 # Kubernetes' default HPA scale-down stabilization window.
 HPA_DEFAULT_SCALE_DOWN_WINDOW = 300
 # ingress-nginx's default proxy timeouts.
@@ -34,7 +35,7 @@ def workloads(resources: Sequence[Resource]) -> list[Workload]:
     def read(r: Resource) -> Workload:
         spec = k8s.pod_template(r) or {}
         return Workload(r, namespace(r.view), dig(r.view, "metadata", "name"), spec,
-                        k8s.pod_gpus(spec), any(k8s.is_vllm(c) for c in k8s.containers(spec)))
+                        k8s.pod_gpus(spec), any(k8s.is_vllm_server(c) for c in k8s.containers(spec)))
 
     found = (attempt(read, r) for r in k8s.kinds_in(resources, k8s.WORKLOADS))
     return [w for w in found if w is not None]
@@ -96,10 +97,14 @@ def declared_gpus(resources: Sequence[Resource], product_label: str, count_label
 
 
 def check_gpu_capacity(resources: list[Resource], cfg: Mapping) -> Iterator[tuple[Resource, str]]:
-    product_label, count_label = str(cfg["gpuProductLabel"]), str(cfg["gpuCountLabel"])
-    # An unknown node label could hide any amount of capacity: say nothing.
-    supply = declared_gpus(resources, product_label, count_label)
-    if not supply:
+    # The configured labels (GFD's by default), else the ones the gpu-serving stack sets itself.
+    for product_label, count_label in ((str(cfg["gpuProductLabel"]), str(cfg["gpuCountLabel"])),
+                                       (k8s.PROJECT_PRODUCT_LABEL, k8s.PROJECT_COUNT_LABEL)):
+        # An unknown node label could hide any amount of capacity: say nothing.
+        supply = declared_gpus(resources, product_label, count_label)
+        if supply:
+            break
+    else:
         return  # the nodes are not part of this stack (e.g. plain manifests)
     all_scalers = scalers(resources)
     demand: list[tuple[Workload, str | None, int]] = []
@@ -197,6 +202,57 @@ def check_single_autoscaler(resources: list[Resource], _cfg: Mapping) -> Iterato
                     f"ScaledObject {so.resource.display_name}, which creates its own HPA "
                     f"keda-hpa-{so.resource.display_name}: the two fight over replicas and pods "
                     f"(each minutes to load) come and go. Keep one of them.")
+
+
+def _min_replicas(scaler: Resource) -> int | None:
+    spec = as_map(scaler.view.get("spec"))
+    if scaler.type == k8s.HPA:
+        return to_int(spec.get("minReplicas", 1))  # the API defaults it to 1
+    return to_int(spec.get("minReplicaCount", KEDA_DEFAULT_MIN))
+
+
+def check_vllm_scale_to_zero(resources: list[Resource], _cfg: Mapping) -> Iterator[tuple[Resource, str]]:
+    servers = [w for w in workloads(resources) if w.vllm]
+    for s in scalers(resources):
+        if not any(drives(s, w) for w in servers):
+            continue
+        minimum = attempt(_min_replicas, s.resource)
+        if minimum == 0:
+            shown = "minReplicaCount is 0 (KEDA's default)" if "minReplicaCount" not in as_map(
+                s.resource.props.get("spec")) and s.resource.type == k8s.SCALED_OBJECT else "its minimum is 0"
+            yield s.resource, (
+                f"{s.target_kind} {s.target_name} runs vLLM and {shown}: the queue gauge "
+                f"vllm:num_requests_waiting comes from the vLLM pods themselves, so at zero pods there is no metric "
+                f"and nothing ever scales it up again. Keep at least 1 replica.")
+
+
+PDB = "kubernetes:policy/v1:PodDisruptionBudget"
+
+
+def check_disruption_budget(resources: list[Resource], _cfg: Mapping) -> Iterator[tuple[Resource, str]]:
+    budgets = []
+    for pdb in k8s.kinds_in(resources, frozenset({PDB})):
+        selector = attempt(lambda r: as_map(dig(r.view, "spec", "selector", "matchLabels")), pdb)
+        if selector is None:
+            return  # an unknown selector could cover anything
+        budgets.append((namespace(pdb.view), selector))
+    # Judged only with the Service in view: a Deployment checked alone may have its PDB elsewhere.
+    served = []
+    for service in k8s.kinds_in(resources, frozenset({k8s.SERVICE})):
+        selector = attempt(lambda r: as_map(dig(r.view, "spec", "selector")), service)
+        if selector is not None:
+            served.append((namespace(service.view), selector))
+    for w in workloads(resources):
+        if not w.vllm or w.resource.type not in k8s.SCALABLE:
+            continue
+        labels = attempt(k8s.pod_labels, w.resource)
+        if labels is None or any(ns == w.namespace and k8s.selects(sel, labels) for ns, sel in budgets):
+            continue
+        if not any(ns == w.namespace and k8s.selects(sel, labels) for ns, sel in served):
+            continue
+        yield w.resource, (
+            "no PodDisruptionBudget selects these vLLM pods: a node drain evicts every replica at once and the "
+            "model is down until they have reloaded (minutes). Add a PodDisruptionBudget with maxUnavailable: 1.")
 
 
 # --- ReadWriteOnce claims ---------------------------------------------------------------
@@ -359,6 +415,10 @@ RULES = [
                                                "description": "Minimum behavior.scaleDown window."}}),
     Rule("single-autoscaler", "A workload is not scaled by both an HPA and a KEDA ScaledObject.",
          MANDATORY, check_single_autoscaler),
+    Rule("vllm-scale-to-zero", "An autoscaler of a vLLM workload keeps at least one replica (the queue metric comes from the pods).",
+         MANDATORY, check_vllm_scale_to_zero),
+    Rule("vllm-disruption-budget", "vLLM Deployments and StatefulSets are covered by a PodDisruptionBudget.",
+         ADVISORY, check_disruption_budget),
     Rule("rwo-claim-single-replica",
          "A Deployment that may run more than one replica mounts no ReadWriteOnce claim.",
          MANDATORY, check_rwo_claims),

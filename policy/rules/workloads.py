@@ -164,7 +164,7 @@ PARALLEL_FLAGS = (("--tensor-parallel-size", "-tp"), ("--pipeline-parallel-size"
 def check_tensor_parallel(resource: Resource, _cfg: Mapping) -> Iterator[str]:
     spec = k8s.pod_template(resource)
     for c in k8s.containers(spec or {}):
-        if not k8s.is_vllm(c):
+        if not k8s.is_vllm_server(c):
             continue
         tokens = k8s.argv(c)
         sizes = [k8s.flag_value(tokens, *names) for names in PARALLEL_FLAGS]
@@ -255,9 +255,11 @@ def image_problem(image: str) -> str | None:
     return None
 
 
-def check_image_pinned(resource: Resource, _cfg: Mapping) -> Iterator[str]:
+def _unpinned(resource: Resource, vllm: bool) -> Iterator[str]:
     spec = k8s.pod_template(resource)
     for c in k8s.containers(spec or {}, init=True):
+        if k8s.is_vllm(c) != vllm:
+            continue
         image = c.get("image")
         problem = image_problem(image) if isinstance(image, str) else None
         if problem:
@@ -265,6 +267,16 @@ def check_image_pinned(resource: Resource, _cfg: Mapping) -> Iterator[str]:
                    f"whatever is newest when the pod restarts, so replicas run different versions and "
                    f"a new release with renamed flags crash-loops the pod out of nowhere. Pin a version "
                    f"tag or a digest (image@sha256:...).")
+
+
+def check_image_pinned(resource: Resource, _cfg: Mapping) -> Iterator[str]:
+    return _unpinned(resource, vllm=False)
+
+
+def check_vllm_image_pinned(resource: Resource, _cfg: Mapping) -> Iterator[str]:
+    # Mandatory for vLLM, as the config refuses `:latest`: vLLM renames and removes flags between
+    # releases, so an unpinned server crash-loops on the next pull.
+    return _unpinned(resource, vllm=True)
 
 
 RULES = [
@@ -297,6 +309,8 @@ RULES = [
     Rule("gpu-rollout-without-spare-gpu",
          "GPU Deployments roll out with Recreate or maxSurge 0, so no spare GPU is needed.",
          MANDATORY, check_gpu_rollout, frozenset({k8s.DEPLOYMENT})),
-    Rule("image-pinned", "Container images carry a version tag or digest, never :latest or no tag.",
+    Rule("vllm-image-pinned", "vLLM images carry a version tag or digest, never :latest or no tag (the config refuses it too).",
+         MANDATORY, check_vllm_image_pinned, k8s.WORKLOADS),
+    Rule("image-pinned", "Other container images carry a version tag or digest, never :latest or no tag.",
          ADVISORY, check_image_pinned, k8s.WORKLOADS),
 ]

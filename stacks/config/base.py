@@ -21,6 +21,8 @@ RAID_NAME = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,30}$"
 # Block devices and mountpoints reach node scripts; they are quoted there, but a path that
 # needs quoting at all is almost always a typo, so refuse it early.
 SAFE_PATH = r"^/[A-Za-z0-9._:+@/-]*$"
+# NetworkPolicy ipBlock networks.
+CIDR = r"^([0-9]{1,3}\.){3}[0-9]{1,3}/[0-9]{1,2}$|^[0-9A-Fa-f:]+/[0-9]{1,3}$"
 
 PATTERN_HELP = {
     DNS_LABEL: "a Kubernetes name: lowercase letters, digits and '-', a letter first, at most 63 characters, e.g. qwen3",
@@ -29,6 +31,7 @@ PATTERN_HELP = {
     CONFIG_KEY: "a Pulumi config key name: a letter, then letters, digits, '_' or '-', e.g. hfToken",
     RAID_NAME: "an mdadm array name: letters, digits, '_' and '-', at most 31 characters, e.g. models",
     SAFE_PATH: "an absolute path of letters, digits and ._:+@/- (no spaces or shell characters), e.g. /dev/sda or /mnt/models",
+    CIDR: "a network in CIDR notation, e.g. 10.0.0.0/8",
 }
 
 K8sName = Annotated[str, StringConstraints(pattern=DNS_LABEL, max_length=63)]

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, StringConstraints, model_validator
 
 from stacks.config.base import K8sName, LabelValue, SecretKeyName, _at, _Model
+
+# The project's own node label keys: GPU Feature Discovery owns `nvidia.com/gpu.*` and rewrites them
+# (`nvidia.com/gpu.product=NVIDIA-A100-SXM4-80GB`), so labels the stack force-set there would flap.
+GPU_PRODUCT_LABEL = "gpu-serving/gpu.product"
+GPU_COUNT_LABEL = "gpu-serving/gpu.count"
+GFD_PRODUCT_LABEL = "nvidia.com/gpu.product"
+LABEL_KEY = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
 
 
 class Kubeconfig(_Model):
@@ -53,6 +60,30 @@ class PrometheusAdapter(_Model):
     """ConfigMap with the rule (`config.yaml`); point the adapter at it."""
 
 
+class Monitoring(_Model):
+    """What the Prometheus Operator (kube-prometheus-stack) needs: it ignores `prometheus.io/*` annotations."""
+
+    pod_monitor: bool = True
+    """A PodMonitor per model, so the operator's Prometheus scrapes `/metrics` (autoscaling and alerts read it)."""
+    alerts: bool = True
+    """A PrometheusRule per model: no pod ready, queue stalled, KV cache nearly full, download Job failed."""
+    labels: dict[Annotated[str, StringConstraints(pattern=LABEL_KEY)], LabelValue] = {}
+    """Labels the Prometheus selects PodMonitors and PrometheusRules by (kube-prometheus-stack: `release: <release>`)."""
+
+
+class Gateway(_Model):
+    """The Gateway API Gateway the models' HTTPRoutes attach to (it terminates TLS)."""
+
+    name: K8sName
+    """Gateway name."""
+    namespace: K8sName
+    """Gateway namespace; its listener's `allowedRoutes` must admit routes from `cluster.namespace`."""
+    section_name: K8sName | None = None
+    """Listener of the Gateway to attach to; unset: every listener that admits the route."""
+    https: bool = True
+    """Whether the listener serves HTTPS (only the URLs the stack exports depend on it)."""
+
+
 class Cluster(_Model):
     namespace: K8sName = "ai"
     """Namespace of every model object (Secret, Jobs, Deployment, Service, Ingress, autoscaler, claim)."""
@@ -63,24 +94,51 @@ class Cluster(_Model):
     render_yaml_to: str | None = Field(None, min_length=1, pattern=r"^[^~]")
     """Folder where `pulumi up` writes every Kubernetes object as YAML (for Argo CD or Flux) instead of
     applying it; no cluster is contacted, and no Secret is written. Absolute, or relative to the project folder."""
+    edge: Literal["ingress", "gateway"] = "ingress"
+    """How models with `ingress` are exposed: an Ingress for ingress-nginx, or a Gateway API HTTPRoute to `gateway`."""
+    gateway: Gateway | None = None
+    """The Gateway HTTPRoutes attach to; required with `edge: gateway`."""
     ingress_class: K8sName = "nginx"
     """`ingressClassName` of every model Ingress; the nginx annotations assume ingress-nginx."""
     cluster_issuer: K8sName | None = None
     """cert-manager ClusterIssuer annotated on Ingresses that have a `tlsSecret`."""
-    autoscaling: Literal["hpa", "keda", "none"] = "hpa"
-    """Autoscaler for models with `replicas.min < replicas.max`: HPA on the queue metric (needs prometheus-adapter), KEDA, or none."""
+    autoscaling: Literal["hpa", "keda", "none"] = "keda"
+    """Autoscaler for models with `replicas.min < replicas.max`: KEDA (queries Prometheus), HPA (needs prometheus-adapter), or none."""
     gpu_taint: GpuTaint = GpuTaint()
     """Taint put on every GPU node and tolerated by GPU pods."""
-    gpu_product_label: str = Field("nvidia.com/gpu.product", pattern=r"^([a-z0-9.-]+/)?[A-Za-z0-9._-]+$")
-    """Node label that carries `nodes[].gpu.product`; models select nodes by it."""
+    gpu_product_label: str = Field(GPU_PRODUCT_LABEL, pattern=r"^([a-z0-9.-]+/)?[A-Za-z0-9._-]+$")
+    """Node label the stack sets to `nodes[].gpu.product` (its count goes to `gpu-serving/gpu.count`); models select nodes by it.
+    Never a `nvidia.com/` label: GPU Feature Discovery owns those and would flip them back."""
+    gpu_feature_discovery: bool = False
+    """GPU Feature Discovery (GPU Operator) labels the nodes: the stack leaves `nvidia.com/gpu.present` to it,
+    and a model may select on GFD's `nvidia.com/gpu.product` with `gfdProduct`."""
     device_plugin: DevicePlugin = DevicePlugin()
     """NVIDIA device plugin DaemonSet (off: the cluster already has one, e.g. from the GPU Operator)."""
     prometheus_adapter: PrometheusAdapter = PrometheusAdapter()
     """Where the adapter rule for the HPAs' queue metric is written."""
     runtime_class_name: K8sName | None = None
     """RuntimeClass of GPU pods (e.g. `nvidia`) when the NVIDIA runtime is not the node's default."""
+    monitoring: Monitoring = Monitoring()
+    """Prometheus Operator objects per model (PodMonitor, PrometheusRule)."""
     prometheus_url: str = Field("http://prometheus-operated.monitoring.svc:9090", pattern=r"^https?://[A-Za-z0-9.:_\[\]-]+(/[A-Za-z0-9._~/-]*)?$")
     """Prometheus that KEDA queries for the vLLM queue length (autoscaling `keda`)."""
+
+    @model_validator(mode="after")
+    def _own_labels(self) -> Cluster:
+        if self.gpu_product_label.startswith("nvidia.com/"):
+            raise _at(
+                "cluster.gpuProductLabel",
+                f"{self.gpu_product_label} belongs to NVIDIA's GPU Feature Discovery, which overwrites it (labels flap, "
+                f"nodeSelectors stop matching): keep the default {GPU_PRODUCT_LABEL}, or set gpuFeatureDiscovery and "
+                "models[].gfdProduct to select on GFD's own value",
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _gateway_for_routes(self) -> Cluster:
+        if self.edge == "gateway" and self.gateway is None:
+            raise _at("cluster.gateway", "required with `edge: gateway` (name and namespace of the Gateway the routes attach to)")
+        return self
 
     @model_validator(mode="after")
     def _one_target(self) -> Cluster:

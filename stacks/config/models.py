@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import re
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, StringConstraints, field_validator, model_validator
 
-from stacks.config.base import K8sName, LabelValue, SecretKeyName, _Model
+from stacks.config.base import CIDR, K8sName, LabelValue, SecretKeyName, _Model
 
 
 class Ingress(_Model):
@@ -17,6 +17,8 @@ class Ingress(_Model):
     """Path prefix; a sub-path is stripped before it reaches vLLM."""
     tls_secret: K8sName | None = None
     """Secret for the certificate; cert-manager fills it when the cluster has an issuer."""
+    auth_url: str | None = Field(None, pattern=r"^https?://[A-Za-z0-9.:_\[\]-]+(/[A-Za-z0-9._~/%?=&-]*)?$")
+    """ingress-nginx external auth (`auth-url`): every request is checked there first. A public model needs this or `apiKeySecret`."""
 
 
 class Replicas(_Model):
@@ -60,6 +62,7 @@ BUNDLE_FLAGS = {
     "--gpu-memory-utilization": "gpuMemoryUtilization", "--max-model-len": "maxModelLen",
     "--api-key": "apiKeySecret (a literal would land in the manifest)",
     "--disable-log-stats": "nothing: it removes the queue metric autoscaling and monitoring read",
+    "--shutdown-timeout": "the bundle (the drain time, from the stream timeout)",
 }
 # Environment the bundle sets; overriding it breaks offline start, the secrets or GPU isolation.
 BUNDLE_ENV = {
@@ -68,6 +71,10 @@ BUNDLE_ENV = {
     "HF_HUB_CACHE": "the bundle (the model volume)", "TRANSFORMERS_OFFLINE": "the bundle",
     "CUDA_VISIBLE_DEVICES": "the device plugin (a pod sees only its GPUs)",
     "NVIDIA_VISIBLE_DEVICES": "the device plugin (a pod sees only its GPUs)",
+    "VLLM_CACHE_ROOT": "the bundle (compile caches on the model volume)", "TRITON_CACHE_DIR": "the bundle (the model volume)",
+    "TORCHINDUCTOR_CACHE_DIR": "the bundle (the model volume)", "XDG_CACHE_HOME": "the bundle (the model volume)",
+    "HOME": "securityProfile",
+    "VLLM_NO_USAGE_STATS": "the bundle (serving pods never phone home)", "DO_NOT_TRACK": "the bundle (serving pods never phone home)",
 }
 # Object names are `vllm-<name>` plus suffixes up to `-dl-<8 hex>` (Job names are also pod label values: ≤ 63).
 MODEL_NAME_MAX = 40
@@ -130,6 +137,9 @@ class Model(_Model):
     """vLLM image with a pinned tag or digest (`latest` is refused)."""
     gpu_product: LabelValue
     """`nodes[].gpu.product` of the nodes this model runs on."""
+    gfd_product: LabelValue | None = None
+    """With `cluster.gpuFeatureDiscovery`: select nodes by GFD's `nvidia.com/gpu.product`
+    (e.g. `NVIDIA-A100-SXM4-80GB`) instead of the stack's label."""
     gpus_per_replica: int = Field(1, ge=1, le=64)
     """GPUs per pod, all on one node; also `--tensor-parallel-size`."""
     max_model_len: int = Field(8192, ge=128, le=10_000_000)
@@ -147,11 +157,15 @@ class Model(_Model):
     env: dict[Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")], str] = {}
     """More environment variables, literal values only; secret-looking names are refused."""
     api_key_secret: SecretKeyName | None = None
-    """Secret config key holding the vLLM API key; unset serves without one."""
+    """Secret config key holding the vLLM API key; unset serves without one (then `ingress` needs `authUrl`)."""
+    egress_cidrs: list[Annotated[str, StringConstraints(pattern=CIDR)]] = []
+    """Networks the serving pods may reach besides DNS (e.g. a tracing collector); by default nothing else."""
     cpu: str = Field("4", pattern=r"^[0-9]+(\.[0-9]+|m)?$")
     """CPU request of each pod (no CPU limit: throttling hurts inference)."""
     memory: str = Field("16Gi", pattern=r"^[0-9]+(Ki|Mi|Gi|Ti)$")
     """Memory request; the limit adds the /dev/shm size."""
+    security_profile: Literal["root", "nonRoot"] = "root"
+    """`nonRoot`: UID/GID 2000 (the `vllm-openai` non-root image), read-only root filesystem, emptyDirs for HOME and /tmp."""
     smoke_test: bool = True
     """After each rollout, a Job asks the model for one token; `pulumi up` fails when inference does not answer."""
 

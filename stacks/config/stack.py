@@ -151,6 +151,11 @@ class StackConfig(_Model):
         hosts: dict[str, tuple[int, str | None]] = {}
         routes: dict[tuple[str, str], int] = {}
         for i, model in enumerate(self.models):
+            if model.gfd_product is not None and not self.cluster.gpu_feature_discovery:
+                raise _at(
+                    f"models[{i}].gfdProduct",
+                    "selects on GPU Feature Discovery's label, but cluster.gpuFeatureDiscovery is false: no node would carry it",
+                )
             if self.cluster.autoscaling == "none" and model.replicas.min != model.replicas.max:
                 raise _at(
                     f"models[{i}].replicas",
@@ -159,6 +164,21 @@ class StackConfig(_Model):
                 )
             if model.ingress is None:
                 continue
+            if self.cluster.edge == "gateway":
+                for key in ("auth_url", "tls_secret"):
+                    if getattr(model.ingress, key) is not None:
+                        camel = "authUrl" if key == "auth_url" else "tlsSecret"
+                        why = ("an HTTPRoute has no standard external auth: use apiKeySecret" if key == "auth_url"
+                               else "the Gateway's listener holds the certificate")
+                        raise _at(f"models[{i}].ingress.{camel}", f"not with cluster.edge gateway: {why}")
+            if model.api_key_secret is None and model.ingress.auth_url is None:
+                # vLLM's key guards /v1 only, and the edge forwards only /v1: with neither, anyone
+                # who can resolve the host can use the GPUs.
+                raise _at(
+                    f"models[{i}].apiKeySecret",
+                    f"models[{i}].ingress makes the model public but nothing authenticates it: set apiKeySecret "
+                    "(vLLM's API key, a secret config key) or ingress.authUrl (ingress-nginx external auth)",
+                )
             host, path = model.ingress.host, model.ingress.path.rstrip("/") or "/"
             other = routes.setdefault((host, path), i)
             if other != i:

@@ -72,7 +72,7 @@ def test_analyze_reports_latest_image(analyzer):
     deployment = good("Deployment")
     deployment["spec"]["template"]["spec"]["containers"][0]["image"] = "vllm/vllm-openai:latest"
     diagnostics = analyze(analyzer, "kubernetes:apps/v1:Deployment", "vllm", deployment)
-    assert [(d.policyName, d.enforcementLevel) for d in diagnostics] == [("image-pinned", analyzer_pb2.ADVISORY)]
+    assert [(d.policyName, d.enforcementLevel) for d in diagnostics] == [("vllm-image-pinned", analyzer_pb2.MANDATORY)]
     assert ":latest" in diagnostics[0].message
 
 

@@ -22,10 +22,15 @@ def found(*files, config=None):
 
 def test_blog_set_breaks_exactly_these_rules():
     assert found(*BLOG_SET) == {
-        ("vllm-qwen3", "image-pinned"),                   # vllm/vllm-openai:latest
+        ("vllm-qwen3", "vllm-image-pinned"),              # vllm/vllm-openai:latest (the config refuses it too)
         ("vllm-qwen3", "gpu-node-selector"),              # no nodeSelector in the main manifest
         ("vllm-qwen3", "gpu-taint-toleration"),           # no toleration for the GPU taint
         ("vllm-qwen3", "gpu-rollout-without-spare-gpu"),  # default RollingUpdate surges a second GPU pod
+        ("vllm-qwen3", "vllm-graceful-drain"),            # no preStop, grace 30 s against 600 s streams
+        ("vllm-qwen3", "vllm-server-offline"),            # advisory: sends vLLM usage statistics
+        ("vllm-qwen3", "vllm-disruption-budget"),         # advisory: a drain evicts every replica at once
+        ("ai", "edge-vllm-openai-only"),                  # path / forwards /tokenize, /metrics, ... too
+        ("ai", "edge-vllm-auth"),                         # a public host, and vLLM has no API key
     }
     # Fine as written: limits-only GPU, 600 s startupProbe (60 x 10) with readiness and liveness,
     # /dev/shm emptyDir Memory, --download-dir=/modeli on the PVC, HF_TOKEN from secretKeyRef,
@@ -37,9 +42,11 @@ def test_folded_snippets_deployment():
     # nodeSelector gpu=nvidia-a100 selects GPU nodes; --tensor-parallel-size=2 matches 2 GPUs; the
     # toleration is for the blog's taint key `gpu`, not the default nvidia.com/gpu.
     assert found("deployment-a100-tp2.yaml") == {
-        ("vllm-qwen3-a100", "image-pinned"),
+        ("vllm-qwen3-a100", "vllm-image-pinned"),
         ("vllm-qwen3-a100", "gpu-taint-toleration"),
         ("vllm-qwen3-a100", "gpu-rollout-without-spare-gpu"),
+        ("vllm-qwen3-a100", "vllm-graceful-drain"),
+        ("vllm-qwen3-a100", "vllm-server-offline"),
     }
     config = {"gpu-taint-toleration": {"gpuTaintKey": "gpu"}}
     assert ("vllm-qwen3-a100", "gpu-taint-toleration") not in found("deployment-a100-tp2.yaml", config=config)
@@ -49,7 +56,8 @@ def test_blog_ingress_without_its_annotations_breaks_streaming():
     resources = seed(*BLOG_SET)
     ingress = next(r for r in resources if r.kind == "Ingress")
     ingress.props["metadata"]["annotations"].pop("nginx.ingress.kubernetes.io/proxy-buffering")
-    assert {v.policy for v in check_resources(resources) if v.kind == "Ingress"} == {"ingress-vllm-streaming"}
+    assert {v.policy for v in check_resources(resources) if v.kind == "Ingress"} == {
+        "ingress-vllm-streaming", "edge-vllm-openai-only", "edge-vllm-auth"}
 
 
 def test_type_tokens():
@@ -62,7 +70,7 @@ def test_cli_output_and_exit_codes(capsys):
     files = [str(DATA / "seed" / f) for f in BLOG_SET]
     assert main(files) == 1
     lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == 4
+    assert len(lines) == 10
     assert lines[0].startswith(f"mandatory gpu-node-selector {files[1]} Deployment/vllm-qwen3: ")
     assert lines == [format_line(v) for v in check_resources(seed(*BLOG_SET))]
     assert main([str(GOOD)]) == 0

@@ -61,4 +61,4 @@ def test_pulumi_proxy_props_are_read_without_sdk_unknown_errors():
         if not rule.is_stack:
             policy.validate(args, lambda message, urn=None, name=rule.name: reported.setdefault(name, message))
     # The toleration rule read an unknown and stays silent; the others still judge.
-    assert set(reported) == {"image-pinned", "gpu-rollout-without-spare-gpu"}
+    assert set(reported) == {"vllm-image-pinned", "gpu-rollout-without-spare-gpu"}

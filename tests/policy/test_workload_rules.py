@@ -211,8 +211,14 @@ def test_gpu_rollout_without_spare_gpu(strategy, violates):
     ],
 )
 def test_image_pinned(image, violates):
+    # A vLLM image: mandatory, as strict as the config; any other image: advisory.
     d = good("Deployment")
     container(d)["image"] = image
+    found = [v for v in check(d) if v.policy in ("image-pinned", "vllm-image-pinned")]
+    assert bool(found) is violates
+    assert all((v.policy, v.level) == ("vllm-image-pinned", "mandatory") for v in found)
+    sidecar = {"name": "proxy", "image": image.replace("vllm", "envoy")}
+    pod_spec(d)["containers"].append(sidecar)
     found = [v for v in check(d) if v.policy == "image-pinned"]
     assert bool(found) is violates
     assert all(v.level == "advisory" for v in found)
@@ -227,5 +233,5 @@ def test_pod_job_and_statefulset_are_checked_too():
     sts = {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": {"name": "s"},
            "spec": {"template": template, "serviceName": "s", "selector": d["spec"]["selector"]}}
     found = check(pod, job, sts)
-    assert {(v.kind, v.policy) for v in found} == {("Pod", "image-pinned"), ("Job", "image-pinned"),
-                                                     ("StatefulSet", "image-pinned")}
+    assert {(v.kind, v.policy) for v in found} == {("Pod", "vllm-image-pinned"), ("Job", "vllm-image-pinned"),
+                                                     ("StatefulSet", "vllm-image-pinned")}

@@ -143,9 +143,21 @@ class ClusterEndToEnd(EndToEnd):
 
     def server_dry_run_all_stacks(self) -> str:
         rejected, total, stacks = [], 0, sorted(p.name[len("Pulumi."):-len(".yaml")] for p in ROOT.glob("Pulumi.*.yaml"))
-        for stack in stacks:
+        # The prod stack once more with what no stack file uses: the Gateway API edge (an
+        # HTTPRoute) and the non-root profile.
+        raw = stack_raw("prod")
+        variant = {"gpu-serving:cluster": json.dumps({**raw["cluster"], "edge": "gateway",
+                                                      "gateway": {"name": "public", "namespace": "gateway-system"}}),
+                   "gpu-serving:models": json.dumps([{**m, "securityProfile": "nonRoot",
+                                                      "ingress": {k: v for k, v in m["ingress"].items() if k != "tlsSecret"}}
+                                                     for m in raw["models"]])}
+        for stack in [*stacks, "prod+gateway+nonRoot"]:
             try:
-                objects = run_program(stack).kubernetes_objects()
+                if stack == "prod+gateway+nonRoot":
+                    objects = run_program("prod", overrides=variant).kubernetes_objects()
+                    require(any(o["kind"] == "HTTPRoute" for o in objects), "the gateway variant renders no HTTPRoute")
+                else:
+                    objects = run_program(stack).kubernetes_objects()
             except RenderError as exc:
                 raise CheckError(f"render {stack}: {exc}") from None
             namespaces = {o["metadata"].get("namespace") for o in objects} - {None}
@@ -161,7 +173,7 @@ class ClusterEndToEnd(EndToEnd):
                     rejected.append(f"{stack} {obj['kind']}/{obj['metadata']['name']}: {tail(proc.stderr, 2)}")
         self.report["figures"]["serverRejectedObjects"] = len(rejected)
         require(not rejected, f"{len(rejected)} of {total} objects rejected: {rejected[:3]}")
-        return f"{total} objects of the stacks {', '.join(stacks)} accepted by the API server (dry run)"
+        return f"{total} objects of the stacks {', '.join(stacks)} and prod+gateway+nonRoot accepted by the API server (dry run)"
 
     def up_cluster(self) -> str:
         raw = self.cluster_raw()
@@ -183,7 +195,7 @@ class ClusterEndToEnd(EndToEnd):
     def nodes_patched(self) -> str:
         node = self.get("node", "lab-node")
         labels, taints = node["metadata"].get("labels", {}), node["spec"].get("taints", [])
-        want = {"nvidia.com/gpu.product": "nvidia-t4", "nvidia.com/gpu.present": "true", "nvidia.com/gpu.count": "1"}
+        want = {"gpu-serving/gpu.product": "nvidia-t4", "nvidia.com/gpu.present": "true", "gpu-serving/gpu.count": "1"}
         require(all(labels.get(k) == v for k, v in want.items()), f"labels {labels}, expected {want}")
         require({"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"} in taints, f"taints {taints}")
         state = json.loads(self.pulumi("stack", "export", stack="cluster").stdout)
@@ -304,7 +316,7 @@ class ClusterEndToEnd(EndToEnd):
         require(proc.returncode != 0 and refusal is not None, f"the preview was not refused naming models[1].gpusPerReplica: {tail(text)}")
         # 2. Without the refusal, the scheduler does strand the large pod: the same pods as plain Deployments.
         for name in FIT_NODES:
-            self.kubectl("label", "--overwrite", "node", name, f"nvidia.com/gpu.product={FIT_PRODUCT}")
+            self.kubectl("label", "--overwrite", "node", name, f"gpu-serving/gpu.product={FIT_PRODUCT}")
         self.kubectl("create", "namespace", "fit")
         self.kubectl("apply", "-f", "-", stdin=_fit_deployment("small", gpus=1, replicas=2))
         self.wait_for("both 1-GPU pods scheduled", lambda: self._scheduled_nodes("small", 2))
@@ -351,7 +363,7 @@ def _fit_deployment(app: str, gpus: int, replicas: int) -> str:
         "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": app, "namespace": "fit"},
         "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": app}}, "template": {
             "metadata": {"labels": {"app": app}},
-            "spec": {"nodeSelector": {"nvidia.com/gpu.product": FIT_PRODUCT},
+            "spec": {"nodeSelector": {"gpu-serving/gpu.product": FIT_PRODUCT},
                      "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
                      "containers": [{"name": "vllm", "image": "vllm/vllm-openai:v0.11.0",
                                      "resources": {"requests": {"cpu": "4", "memory": "16Gi"},

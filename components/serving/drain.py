@@ -1,0 +1,71 @@
+"""Stopping a serving pod without cutting streams: preStop, grace period, vLLM's own drain, PDB.
+
+On deletion (rollout, scale-down, node drain) the pod leaves the Service's endpoints at once, but
+kube-proxy and the ingress controller learn it a few seconds later. The preStop hook holds SIGTERM
+back for that long, so no new request reaches a server that is shutting down; then vLLM gets
+SIGTERM and finishes what it is streaming, for at most as long as the edge lets a stream run.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pulumi_kubernetes as k8s
+
+from components.serving.edge import PROXY_TIMEOUT_S
+from components.serving.names import selector_labels
+from stacks.config import Model
+
+PRESTOP_S = 15
+"""Endpoint removal reaching kube-proxy and ingress-nginx (their sync periods are a few seconds)."""
+
+
+DRAIN_S = PROXY_TIMEOUT_S
+"""In-flight requests may run as long as the edge lets a stream run; none is longer."""
+
+
+EXIT_S = 15
+"""After the drain: engine and worker processes exit, GPU memory is freed."""
+
+
+SHUTDOWN_TIMEOUT_SINCE = (0, 18)
+"""First vLLM release whose `vllm serve` has `--shutdown-timeout` (drain on SIGTERM)."""
+
+
+def grace_period_seconds() -> int:
+    return PRESTOP_S + DRAIN_S + EXIT_S
+
+
+def vllm_version(image: str) -> tuple[int, ...] | None:
+    """(major, minor, patch) from a `vX.Y.Z` tag, also in `repo:tag@sha256:…`; None for a bare
+    digest or a tag that names no release (the flag is then left out: an unknown flag stops vLLM)."""
+    name = image.split("@", 1)[0].rsplit("/", 1)[-1]
+    if ":" not in name:
+        return None
+    match = re.fullmatch(r"v?(\d+)\.(\d+)(?:\.(\d+))?(?:[.+-].*)?", name.rsplit(":", 1)[1])
+    if not match:
+        return None
+    return tuple(int(part or 0) for part in match.groups())
+
+
+def shutdown_args(model: Model) -> list[str]:
+    version = vllm_version(model.image)
+    if version is None or version[:2] < SHUTDOWN_TIMEOUT_SINCE:
+        return []
+    return [f"--shutdown-timeout={DRAIN_S}"]
+
+
+def lifecycle() -> k8s.core.v1.LifecycleArgs:
+    # The kubelet's own sleep action: no `sleep` binary needed in the image, works read-only.
+    return k8s.core.v1.LifecycleArgs(pre_stop=k8s.core.v1.LifecycleHandlerArgs(sleep=k8s.core.v1.SleepActionArgs(seconds=PRESTOP_S)))
+
+
+def disruption_budget_spec(model: Model) -> k8s.policy.v1.PodDisruptionBudgetSpecArgs:
+    """One pod at a time: a node drain never takes every replica at once, and with a single
+    replica it still proceeds (minAvailable 1 would block the drain forever)."""
+    return k8s.policy.v1.PodDisruptionBudgetSpecArgs(
+        max_unavailable=1,
+        selector=k8s.meta.v1.LabelSelectorArgs(match_labels=selector_labels(model)),
+        # A pod that never got Ready (still loading, crash-looping) may be evicted regardless.
+        unhealthy_pod_eviction_policy="AlwaysAllow",
+    )

@@ -1,0 +1,212 @@
+"""Rules for the edge in front of vLLM: Ingresses and Gateway API HTTPRoutes.
+
+vLLM's API key guards `/v1` only; `/invocations`, `/tokenize`, `/metrics`, `/pooling` and the
+admin endpoints answer anyone who reaches the pod. So an edge forwards `/v1` and nothing else,
+and whatever it forwards to is authenticated: by the server's key or by the edge itself.
+These rules judge an edge only when they can see the vLLM workload behind it (a Service of the
+same stack selecting it): a rule may only fail on what it saw.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Mapping, Sequence
+
+from . import k8s
+from .core import MANDATORY, Resource, Rule, Unknown, attempt
+from .k8s import as_list, as_map, container_name, dig, namespace
+from .stack import Workload, stack_services, workloads
+
+OPENAI_PREFIX = "/v1"
+HTTPROUTE = "kubernetes:gateway.networking.k8s.io/v1:HTTPRoute"
+EDGES = frozenset({k8s.INGRESS, HTTPROUTE})
+# Ingress annotations by which the controller authenticates before forwarding (ingress-nginx:
+# external auth, basic/digest auth, client certificates).
+DEFAULT_AUTH_ANNOTATIONS = [
+    "nginx.ingress.kubernetes.io/auth-url",
+    "nginx.ingress.kubernetes.io/auth-type",
+    "nginx.ingress.kubernetes.io/auth-tls-verify-client",
+]
+
+
+def under_openai_prefix(path: str) -> bool:
+    """`/v1`, `/v1/...`, or a regex/rewrite that starts with the literal `/v1` segment."""
+    return path == OPENAI_PREFIX or bool(re.match(rf"^{OPENAI_PREFIX}([/$(]|\\?/)", path))
+
+
+# --- what an edge forwards, and to which Services ----------------------------------------------
+
+def ingress_forwards(ingress: Resource) -> list[tuple[str, str]]:
+    """(service name, path vLLM receives) per backend. With a rewrite-target the target is what
+    arrives; a defaultBackend receives every path."""
+    props = ingress.view
+    rewrite = as_map(dig(props, "metadata", "annotations")).get("nginx.ingress.kubernetes.io/rewrite-target")
+    spec = as_map(props.get("spec"))
+    found = []
+    default = dig(spec, "defaultBackend", "service", "name")
+    if default:
+        found.append((str(default), "/"))
+    for rule in as_list(spec.get("rules")):
+        for entry in as_list(dig(rule, "http", "paths")):
+            entry = as_map(entry)
+            service = dig(entry, "backend", "service", "name")
+            if service:
+                path = rewrite if isinstance(rewrite, str) else str(entry.get("path") or "/")
+                found.append((str(service), path))
+    return found
+
+
+def route_forwards(route: Resource) -> list[tuple[str, str]]:
+    """(service name, path vLLM receives) per backendRef of each rule. A rule without matches
+    matches every path; a URLRewrite filter decides what arrives."""
+    found = []
+    for rule in as_list(dig(route.view, "spec", "rules")):
+        rule = as_map(rule)
+        rewritten = None
+        for f in as_list(rule.get("filters")):
+            path = as_map(dig(f, "urlRewrite", "path"))
+            rewritten = path.get("replacePrefixMatch") or path.get("replaceFullPath") or rewritten
+        matches = [as_map(m) for m in as_list(rule.get("matches"))] or [{}]
+        paths = [str(dig(m, "path", "value") or "/") for m in matches]
+        for ref in as_list(rule.get("backendRefs")):
+            ref = as_map(ref)
+            if (ref.get("kind") or "Service") != "Service" or not ref.get("name"):
+                continue
+            found += [(str(ref["name"]), str(rewritten) if rewritten else p) for p in paths]
+    return found
+
+
+def forwards(edge: Resource) -> list[tuple[str, str]]:
+    return route_forwards(edge) if edge.type == HTTPROUTE else ingress_forwards(edge)
+
+
+def vllm_behind(edge: Resource, services: Mapping, servers: Sequence[Workload]) -> dict[str, list[Workload]]:
+    """Service name -> the vLLM workloads of the stack it selects (only Services that select one)."""
+    ns = namespace(edge.view)
+    behind: dict[str, list[Workload]] = {}
+    for name, _ in forwards(edge):
+        service = services.get((ns, name))
+        if service is None:
+            continue
+        selector = as_map(dig(service.view, "spec", "selector"))
+        selected = [w for w in servers if w.namespace == ns and k8s.selects(selector, k8s.pod_labels(w.resource))]
+        if selected:
+            behind[name] = selected
+    return behind
+
+
+def _edges(resources: Sequence[Resource]) -> Iterator[tuple[Resource, dict[str, list[Workload]]]]:
+    services = stack_services(resources)
+    servers = [w for w in workloads(resources) if w.vllm]
+    for edge in k8s.kinds_in(resources, EDGES):
+        behind = attempt(vllm_behind, edge, services, servers, default={})
+        if behind:
+            yield edge, behind
+
+
+# --- only /v1 ------------------------------------------------------------------------------------
+
+def check_openai_only(resources: list[Resource], _cfg: Mapping) -> Iterator[tuple[Resource, str]]:
+    for edge, behind in _edges(resources):
+        try:
+            open_paths = sorted({p for s, p in forwards(edge) if s in behind and not under_openai_prefix(p)})
+        except Unknown:
+            continue
+        if open_paths:
+            yield edge, (
+                f"forwards {', '.join(open_paths)} to vLLM ({', '.join(sorted(behind))}): vLLM's API key guards only "
+                f"/v1, so /invocations, /tokenize, /metrics and the admin endpoints answer anyone. Route only "
+                f"{OPENAI_PREFIX} (pathType Prefix {OPENAI_PREFIX}, or a rewrite whose target starts with {OPENAI_PREFIX}/).")
+
+
+# --- authenticated -------------------------------------------------------------------------------
+
+def has_api_key(container: Mapping) -> bool:
+    if k8s.flag_value(k8s.argv(container), "--api-key") is not None:
+        return True
+    if any(as_map(e).get("name") == "VLLM_API_KEY" for e in as_list(container.get("env"))):
+        return True
+    # A Secret passed whole may hold VLLM_API_KEY: the rule cannot see inside, so it trusts it.
+    return any("secretRef" in as_map(e) for e in as_list(container.get("envFrom")))
+
+
+def unkeyed(workload: Workload) -> list[str]:
+    return [container_name(c) for c in k8s.containers(workload.spec) if k8s.is_vllm_server(c) and not has_api_key(c)]
+
+
+def check_edge_auth(resources: list[Resource], cfg: Mapping) -> Iterator[tuple[Resource, str]]:
+    auth_keys = list(cfg["authAnnotations"])
+    for edge, behind in _edges(resources):
+        try:
+            annotations = as_map(dig(edge.view, "metadata", "annotations"))
+            if edge.type == k8s.INGRESS and any(annotations.get(k) for k in auth_keys):
+                continue
+            open_servers = sorted({f"{w.resource.kind}/{w.name}" for ws in behind.values() for w in ws if unkeyed(w)})
+        except Unknown:
+            continue
+        if open_servers:
+            hosts = [str(h) for h in as_list(dig(edge.view, "spec", "hostnames"))]
+            hosts += [str(as_map(r).get("host")) for r in as_list(dig(edge.view, "spec", "rules")) if as_map(r).get("host")]
+            where = ", ".join(sorted(set(hosts))) or "every host"
+            yield edge, (
+                f"exposes {', '.join(open_servers)} on {where} with no authentication: anyone who reaches the host "
+                f"uses the GPUs. Give the vLLM container an API key (env VLLM_API_KEY from a secretKeyRef) or, on "
+                f"an Ingress, authenticate at the edge ({auth_keys[0] if auth_keys else 'auth annotations'}).")
+
+
+# --- streaming through a Gateway -----------------------------------------------------------------
+
+def duration_seconds(value: str) -> float | None:
+    """Gateway API Duration (`600s`, `1h`, `10m30s`, `500ms`) in seconds; None when malformed."""
+    parts = re.findall(r"(\d+)(h|ms|m|s)", value)
+    if not parts or "".join(n + u for n, u in parts) != value:
+        return None
+    scale = {"h": 3600, "m": 60, "s": 1, "ms": 0.001}
+    return sum(int(n) * scale[u] for n, u in parts)
+
+
+def check_route_streaming(resources: list[Resource], cfg: Mapping) -> Iterator[tuple[Resource, str]]:
+    minimum = int(cfg["minTimeoutSeconds"])
+    for edge, behind in _edges(resources):
+        if edge.type != HTTPROUTE:
+            continue
+        try:
+            problems = []
+            for rule in as_list(dig(edge.view, "spec", "rules")):
+                services = {str(as_map(r).get("name")) for r in as_list(as_map(rule).get("backendRefs"))}
+                if not services & set(behind):
+                    continue
+                for key in ("request", "backendRequest"):
+                    raw = dig(rule, "timeouts", key)
+                    if raw is None:
+                        if key == "request":
+                            problems.append("timeouts.request is unset (the implementation's default, often 15s)")
+                        continue
+                    seconds = duration_seconds(str(raw))
+                    if seconds is None:
+                        problems.append(f"timeouts.{key} {raw!r} is not a duration")
+                    elif 0 < seconds < minimum:  # 0s disables the timeout
+                        problems.append(f"timeouts.{key} is {raw}")
+        except Unknown:
+            continue
+        if problems:
+            yield edge, (
+                f"{'; '.join(sorted(set(problems)))} (< {minimum}s) on a route to vLLM: a slow first token or a long "
+                f"streamed answer is cut off with 504. Set timeouts.request (and backendRequest) to \"{minimum}s\" or more.")
+
+
+RULES = [
+    Rule("edge-vllm-openai-only",
+         "Ingresses and HTTPRoutes in front of vLLM forward only /v1 (the paths vLLM's API key guards).",
+         MANDATORY, check_openai_only),
+    Rule("edge-vllm-auth",
+         "Ingresses and HTTPRoutes in front of vLLM reach only servers with an API key, or authenticate at the edge.",
+         MANDATORY, check_edge_auth,
+         config={"authAnnotations": {"type": "array", "items": {"type": "string"}, "default": DEFAULT_AUTH_ANNOTATIONS,
+                                     "description": "Ingress annotations that make the controller authenticate requests."}}),
+    Rule("httproute-vllm-streaming",
+         "HTTPRoutes to vLLM set request timeouts long enough for streamed answers.",
+         MANDATORY, check_route_streaming,
+         config={"minTimeoutSeconds": {"type": "integer", "minimum": 0, "default": 600,
+                                       "description": "Minimum timeouts.request / backendRequest."}}),
+]

@@ -1,0 +1,195 @@
+"""Rules for the vLLM server container itself: stopping without cutting streams, offline
+serving, a read-only root filesystem, and what the config refuses, refused in any YAML too."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Mapping
+
+from . import k8s
+from .core import ADVISORY, MANDATORY, Resource, Rule
+from .k8s import GPU, as_list, as_map, container_name, dig, to_int
+
+# --- graceful drain ---------------------------------------------------------------------------
+
+DEFAULT_GRACE_S = 30  # Kubernetes' terminationGracePeriodSeconds when unset
+
+
+def prestop_seconds(container: Mapping) -> int:
+    """How long the preStop hook holds SIGTERM back: the kubelet's sleep action, or a `sleep N`
+    command (also inside `sh -c`); 0 without a hook or for one it cannot time (httpGet)."""
+    hook = as_map(dig(container, "lifecycle", "preStop"))
+    seconds = to_int(dig(hook, "sleep", "seconds"))
+    if seconds is not None:
+        return seconds
+    tokens = k8s.argv({"command": dig(hook, "exec", "command") or []})
+    for i, token in enumerate(tokens[:-1]):
+        if token.rsplit("/", 1)[-1] == "sleep":
+            return to_int(tokens[i + 1].rstrip(";")) or 0
+    return 0
+
+
+def check_graceful_drain(resource: Resource, cfg: Mapping) -> Iterator[str]:
+    spec = k8s.pod_template(resource)
+    if spec is None:
+        return
+    grace = to_int(spec.get("terminationGracePeriodSeconds"))
+    grace = DEFAULT_GRACE_S if grace is None else grace
+    for c in k8s.containers(spec):
+        if not k8s.is_vllm_server(c):
+            continue
+        name = container_name(c)
+        pre_stop = prestop_seconds(c)
+        shutdown = k8s.flag_value(k8s.argv(c), "--shutdown-timeout")
+        drain = to_int(shutdown) if shutdown is not None else None
+        drain = int(cfg["drainSeconds"]) if drain is None else drain
+        if pre_stop < int(cfg["minPreStopSeconds"]):
+            yield (f"container '{name}' has no preStop that holds SIGTERM back (found {pre_stop}s): on a rollout or "
+                   f"scale-down the ingress and kube-proxy keep sending new requests for a few seconds to a server "
+                   f"that is shutting down, and they fail. Add lifecycle.preStop.sleep.seconds: "
+                   f"{int(cfg['minPreStopSeconds'])} or more.")
+        if grace < pre_stop + drain:
+            yield (f"terminationGracePeriodSeconds is {grace}{' (default)' if 'terminationGracePeriodSeconds' not in spec else ''} "
+                   f"but container '{name}' needs preStop {pre_stop}s + drain {drain}s "
+                   f"({'--shutdown-timeout' if shutdown is not None else 'the longest stream'}) = {pre_stop + drain}s: "
+                   f"every rollout and scale-down kills streams mid-answer. Raise terminationGracePeriodSeconds to "
+                   f"{pre_stop + drain} or more.")
+
+
+# --- offline serving ------------------------------------------------------------------------------
+
+HUB_TOKENS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
+
+
+def check_offline_server(resource: Resource, _cfg: Mapping) -> Iterator[str]:
+    spec = k8s.pod_template(resource)
+    for c in k8s.containers(spec or {}):
+        if not k8s.is_vllm_server(c):
+            continue
+        names = {str(as_map(e).get("name")) for e in as_list(c.get("env"))}
+        offline = k8s.env_literal(c, "HF_HUB_OFFLINE") in ("1", "true", "True", "YES", "yes")
+        held = sorted(names & set(HUB_TOKENS))
+        if offline and held:
+            yield (f"container '{container_name(c)}' runs offline (HF_HUB_OFFLINE) yet holds {', '.join(held)}: a "
+                   f"credential it never uses, which a compromised server can leak. Give it to the download Job only.")
+        if k8s.env_literal(c, "VLLM_NO_USAGE_STATS") != "1" and k8s.env_literal(c, "DO_NOT_TRACK") != "1":
+            yield (f"container '{container_name(c)}' reports usage statistics to vLLM's maintainers (no "
+                   f"VLLM_NO_USAGE_STATS=1 or DO_NOT_TRACK=1): an offline server should not phone home.")
+
+
+# --- read-only root filesystem ----------------------------------------------------------------------
+
+def _home(container: Mapping, spec: Mapping) -> str | None:
+    home = k8s.env_literal(container, "HOME")
+    if home:
+        return home
+    uid = to_int(dig(container, "securityContext", "runAsUser"))
+    if uid is None:
+        uid = to_int(dig(spec, "securityContext", "runAsUser"))
+    return "/root" if uid in (None, 0) else None  # another user's home is the image's business
+
+
+def writable_paths(container: Mapping, spec: Mapping) -> list[tuple[str, str]]:
+    """(what, path) a vLLM server writes at start: its caches (each setting or its default under
+    HOME), HOME itself, the temp dir, the download dir."""
+    home = _home(container, spec)
+    env = {name: k8s.env_literal(container, name) for name in (
+        "VLLM_CACHE_ROOT", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "XDG_CACHE_HOME", "HF_HUB_CACHE", "HF_HOME", "TMPDIR")}
+    xdg = env["XDG_CACHE_HOME"] or (f"{home}/.cache" if home else None)
+    defaults = {
+        "VLLM_CACHE_ROOT": f"{xdg}/vllm" if xdg else None,
+        "TRITON_CACHE_DIR": f"{home}/.triton" if home else None,
+        "TORCHINDUCTOR_CACHE_DIR": None,  # under the temp dir by default, checked with it
+        "XDG_CACHE_HOME": xdg,
+        "HF_HUB_CACHE": None,
+        "HF_HOME": None,
+        "TMPDIR": "/tmp",
+    }
+    paths = [(name, env[name] or defaults[name]) for name in env]
+    if home:
+        paths.append(("HOME", home))
+    download_dir = k8s.flag_value(k8s.argv(container), "--download-dir")
+    if download_dir:
+        paths.append(("--download-dir", download_dir))
+    return [(what, path) for what, path in paths if path]
+
+
+def check_writable_paths(resource: Resource, _cfg: Mapping) -> Iterator[str]:
+    spec = k8s.pod_template(resource)
+    for c in k8s.containers(spec or {}):
+        if not k8s.is_vllm_server(c) or dig(c, "securityContext", "readOnlyRootFilesystem") is not True:
+            continue
+        for what, path in writable_paths(c, spec):
+            mount = k8s.mount_for(path, c)
+            if mount is None or mount.get("readOnly") is True:
+                yield (f"container '{container_name(c)}' has a read-only root filesystem but {what} ({path}) is not on "
+                       f"a writable volumeMount: vLLM fails at start writing its caches, or every compile cache is "
+                       f"lost. Mount an emptyDir (HOME, /tmp) or the model volume (caches) there.")
+
+
+# --- the pack as strict as the config -------------------------------------------------------------
+
+def check_vllm_server_gpu(resource: Resource, _cfg: Mapping) -> Iterator[str]:
+    spec = k8s.pod_template(resource)
+    for c in k8s.containers(spec or {}):
+        if k8s.is_vllm_server(c) and k8s.gpu_count(c) == 0:
+            yield (f"container '{container_name(c)}' runs the vLLM server with no {GPU} limit: the device plugin "
+                   f"gives it no GPU, so vLLM stops at start ('No CUDA GPUs are available' / no platform detected), "
+                   f"or sees every card of the node when the runtime exposes them all. Set resources.limits."
+                   f"{GPU} to the tensor-parallel size.")
+
+
+# Env the device plugin owns: set by hand, two pods share one card.
+DEVICE_ENV = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")
+
+
+def check_vllm_server_flags(resource: Resource, _cfg: Mapping) -> Iterator[str]:
+    """What stacks/config refuses in extraArgs and env, refused in anyone's YAML too."""
+    spec = k8s.pod_template(resource)
+    for c in k8s.containers(spec or {}):
+        if not k8s.is_vllm_server(c):
+            continue
+        name, tokens = container_name(c), k8s.argv(c)
+        key = k8s.flag_value(tokens, "--api-key")
+        if key is not None and not re.fullmatch(r"\$\(\w+\)|\$\{?\w+\}?", key):
+            yield (f"container '{name}' passes --api-key literally: the key is in the manifest, in git and in "
+                   f"`kubectl get -o yaml`. Set env VLLM_API_KEY from a secretKeyRef instead.")
+        if "--disable-log-stats" in tokens:
+            yield (f"container '{name}' runs with --disable-log-stats: vLLM then exports no "
+                   f"vllm:num_requests_waiting, so autoscaling and the alerts read nothing. Remove the flag.")
+        for var in DEVICE_ENV:
+            if any(as_map(e).get("name") == var for e in as_list(c.get("env"))):
+                yield (f"container '{name}' sets {var}: the device plugin chooses the pod's GPUs, and a hand-set "
+                       f"list makes two pods use one card. Remove it; request {GPU} instead.")
+        utilization = k8s.flag_value(tokens, "--gpu-memory-utilization")
+        if utilization is not None:
+            try:
+                value = float(utilization)
+            except ValueError:
+                value = -1.0
+            if not 0 < value <= 1:
+                yield (f"container '{name}' has --gpu-memory-utilization {utilization}: it is a share of the "
+                       f"GPU's memory, above 0 and at most 1 (e.g. 0.90).")
+
+
+RULES = [
+    Rule("vllm-graceful-drain",
+         "vLLM server pods hold SIGTERM back with a preStop and get a grace period ≥ preStop + drain time.",
+         MANDATORY, check_graceful_drain, k8s.SCALABLE,
+         {"drainSeconds": {"type": "integer", "minimum": 0, "default": 600,
+                           "description": "Longest request to let finish when vLLM has no --shutdown-timeout (the edge's stream timeout)."},
+          "minPreStopSeconds": {"type": "integer", "minimum": 0, "default": 5,
+                                "description": "Shortest preStop delay that lets endpoint removal propagate."}}),
+    Rule("vllm-server-offline",
+         "A vLLM server sends no usage statistics, and one that runs offline holds no Hugging Face token.",
+         ADVISORY, check_offline_server, k8s.WORKLOADS),
+    Rule("vllm-writable-paths",
+         "A vLLM server with a read-only root filesystem has HOME, the temp dir, its caches and the download dir on writable mounts.",
+         MANDATORY, check_writable_paths, k8s.WORKLOADS),
+    Rule("vllm-server-gpu", "A vLLM server container has an nvidia.com/gpu limit.",
+         MANDATORY, check_vllm_server_gpu, k8s.WORKLOADS),
+    Rule("vllm-server-flags",
+         "A vLLM server has no literal --api-key, no --disable-log-stats, no hand-set CUDA/NVIDIA_VISIBLE_DEVICES, "
+         "and a --gpu-memory-utilization in (0, 1].",
+         MANDATORY, check_vllm_server_flags, k8s.WORKLOADS),
+]

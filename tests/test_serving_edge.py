@@ -1,0 +1,132 @@
+"""Issue 15: a closed edge (only /v1, authenticated), offline serving pods (no token, no
+telemetry, no egress), the model as the positional argument."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from components import serving
+from policy.rules import check_resources
+from tests.test_serving import DEPLOYMENT, INGRESS, JOB, container, env_of, error_of, one, prod_model, prod_raw, with_models
+from tools.render import Render
+
+NETWORK_POLICY = "kubernetes:networking.k8s.io/v1:NetworkPolicy"
+
+
+def policies(render: Render) -> set[tuple[str, str]]:
+    entries = [{"type": r.type, "name": r.name, "inputs": r.inputs} for r in render.resources if r.custom]
+    return {(v.policy, v.name) for v in check_resources(entries)}
+
+
+# ---------------------------------------------------------------------------- item 1: the edge
+
+
+def test_prod_ingress_forwards_only_v1(prod: Render) -> None:
+    (path,) = one(prod, INGRESS)["spec"]["rules"][0]["http"]["paths"]
+    assert (path["path"], path["pathType"]) == ("/v1", "Prefix")
+    assert "nginx.ingress.kubernetes.io/rewrite-target" not in one(prod, INGRESS)["metadata"]["annotations"]
+
+
+def test_prod_model_has_an_api_key(prod: Render) -> None:
+    env = env_of(container(one(prod, DEPLOYMENT)))
+    assert env["VLLM_API_KEY"] == {"secretKeyRef": {"name": "vllm-qwen3-secrets", "key": "api-key"}}
+    assert prod.config.models[0].api_key_secret == "vllmApiKey"
+
+
+def test_sub_path_rewrites_into_v1_only(render) -> None:  # type: ignore[no-untyped-def]
+    result = render(models=[prod_model(ingress={"host": "ai.primer.rs", "path": "/qwen3", "tlsSecret": "ai-tls"})])
+    ingress = one(result, INGRESS)
+    (path,) = ingress["spec"]["rules"][0]["http"]["paths"]
+    assert path["path"] == "/qwen3/v1(/|$)(.*)"
+    assert ingress["metadata"]["annotations"]["nginx.ingress.kubernetes.io/rewrite-target"] == "/v1/$2"
+    assert not {p for p, _ in policies(result) if p.startswith("edge-")}
+
+
+def test_public_model_without_authentication_is_refused() -> None:
+    message = error_of(with_models(prod_model(apiKeySecret=None)))
+    assert message.startswith("models[0].apiKeySecret: models[0].ingress makes the model public but nothing authenticates it"), message
+
+
+def test_edge_auth_instead_of_a_key(render) -> None:  # type: ignore[no-untyped-def]
+    auth = "http://oauth2-proxy.auth.svc:4180/oauth2/auth"
+    model = prod_model(apiKeySecret=None, ingress={"host": "ai.primer.rs", "tlsSecret": "ai-tls", "authUrl": auth})
+    result = render(models=[model])
+    assert one(result, INGRESS)["metadata"]["annotations"]["nginx.ingress.kubernetes.io/auth-url"] == auth
+    assert "VLLM_API_KEY" not in env_of(container(one(result, DEPLOYMENT)))
+    assert not {p for p, _ in policies(result) if p.startswith("edge-")}
+
+
+def test_the_pack_catches_an_open_edge_in_the_render(render) -> None:  # type: ignore[no-untyped-def]
+    result = render(models=[prod_model()])
+    entries = []
+    for r in result.resources:
+        if not r.custom:
+            continue
+        inputs = r.inputs
+        if r.type == DEPLOYMENT:  # drop the key, as a hand edit of the YAML would
+            inputs = {**inputs, "spec": {**inputs["spec"], "template": {**inputs["spec"]["template"]}}}
+            pod = dict(inputs["spec"]["template"]["spec"])
+            pod["containers"] = [{**c, "env": [e for e in c["env"] if e["name"] != "VLLM_API_KEY"]} for c in pod["containers"]]
+            inputs["spec"]["template"]["spec"] = pod
+        entries.append({"type": r.type, "name": r.name, "inputs": inputs})
+    found = {(v.policy, v.kind) for v in check_resources(entries)}
+    assert ("edge-vllm-auth", "Ingress") in found
+
+
+# ---------------------------------------------------------------------------- item 4: offline pods
+
+
+def test_serving_pods_never_phone_home_and_hold_no_hub_token(prod: Render) -> None:
+    env = env_of(container(one(prod, DEPLOYMENT)))
+    assert env["VLLM_NO_USAGE_STATS"] == "1" and env["DO_NOT_TRACK"] == "1"
+    assert env["HF_HUB_OFFLINE"] == "1"
+    assert not {"HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"} & set(env)
+    job_env = env_of(one(prod, JOB)["spec"]["template"]["spec"]["containers"][0])
+    assert {"HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"} <= set(job_env)
+
+
+def egress_policy(render: Render) -> dict[str, Any]:
+    (policy,) = [p for p in render.of_type(NETWORK_POLICY) if "Egress" in p.inputs["spec"]["policyTypes"]]
+    return policy.inputs
+
+
+def test_serving_pods_reach_dns_and_nothing_else(prod: Render) -> None:
+    policy = egress_policy(prod)
+    spec = policy["spec"]
+    assert spec["policyTypes"] == ["Egress"]
+    # The serving pods only: the download Job must still reach the hub.
+    assert spec["podSelector"]["matchLabels"] == serving.selector_labels(prod.config.models[0])
+    job_labels = one(prod, JOB)["spec"]["template"]["metadata"]["labels"]
+    assert not all(job_labels.get(k) == v for k, v in spec["podSelector"]["matchLabels"].items())
+    assert spec["egress"] == [{"ports": [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}]}]
+
+
+def test_egress_cidrs_open_only_those_networks(render) -> None:  # type: ignore[no-untyped-def]
+    result = render(models=[prod_model(egressCidrs=["10.20.0.0/16"])])
+    dns, extra = egress_policy(result)["spec"]["egress"]
+    assert extra == {"to": [{"ipBlock": {"cidr": "10.20.0.0/16"}}]}
+    assert "to" not in dns
+
+
+@pytest.mark.parametrize(
+    ("change", "starts"),
+    [
+        ({"env": {"VLLM_NO_USAGE_STATS": "0"}}, "models[0].env: VLLM_NO_USAGE_STATS is set by the bundle"),
+        ({"env": {"DO_NOT_TRACK": "0"}}, "models[0].env: DO_NOT_TRACK is set by the bundle"),
+        ({"egressCidrs": ["0.0.0.0"]}, "models[0].egressCidrs[0]: must be a network in CIDR notation"),
+    ],
+)
+def test_offline_settings_cannot_be_overridden(change: dict[str, Any], starts: str) -> None:
+    message = error_of(with_models(prod_model(**change)))
+    assert message.startswith(starts), message
+
+
+# ---------------------------------------------------------------------------- item 6: positional model
+
+
+def test_model_is_the_positional_argument(prod: Render) -> None:
+    args = container(one(prod, DEPLOYMENT))["args"]
+    assert args[0] == prod_raw()["models"][0]["huggingFaceId"]
+    assert not any(a == "--model" or a.startswith("--model=") for a in args)
