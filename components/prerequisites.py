@@ -2,8 +2,10 @@
 saying what to install, before `pulumi up` fails on it halfway.
 
 The stack creates objects that other software serves: an Ingress needs a controller that owns its
-IngressClass, TLS needs cert-manager and the ClusterIssuer, HPAs need the custom metrics API of
-prometheus-adapter (whose rules ConfigMap goes into the adapter's namespace), KEDA needs its CRDs.
+IngressClass, an HTTPRoute the Gateway API CRDs and its Gateway, TLS needs cert-manager and the
+ClusterIssuer, PodMonitors and PrometheusRules the Prometheus Operator's CRDs, HPAs need the custom
+metrics API of prometheus-adapter (whose rules ConfigMap goes into the adapter's namespace), KEDA
+needs its CRDs.
 
 The objects are read straight from the API server with the stack's own kubeconfig. The provider's
 `.get()` is not used: a missing object makes it fail the whole preview with "resource does not
@@ -57,10 +59,27 @@ def needs(config: StackConfig) -> list[Need]:
         found.append(Need(f"/api/v1/namespaces/{cluster.namespace}",
                           f"namespace {cluster.namespace} does not exist and cluster.createNamespace is false: "
                           f"create it (`kubectl create namespace {cluster.namespace}`) or set createNamespace: true"))
-    if any(m.ingress is not None for m in models):
+    exposed = any(m.ingress is not None for m in models)
+    if exposed and cluster.edge == "gateway":
+        assert cluster.gateway is not None
+        gateway = cluster.gateway
+        crd = f"{CRDS}/httproutes.gateway.networking.k8s.io"
+        found.append(Need(crd, "the Gateway API is not installed (no HTTPRoute CRD): `pulumi up` cannot create the models' "
+                               "HTTPRoutes; install the Gateway API CRDs and a Gateway controller, or set cluster.edge: ingress"))
+        found.append(Need(f"/apis/gateway.networking.k8s.io/v1/namespaces/{gateway.namespace}/gateways/{gateway.name}",
+                          f"no Gateway {gateway.namespace}/{gateway.name}: the HTTPRoutes would attach to nothing; create it, "
+                          f"or set cluster.gateway to an existing one", unless_missing=crd))
+    if exposed and cluster.edge == "ingress":
         found.append(Need(f"/apis/networking.k8s.io/v1/ingressclasses/{cluster.ingress_class}",
                           f"no IngressClass {cluster.ingress_class}: the model Ingresses would get no address; install "
                           f"an ingress controller that provides it (ingress-nginx's is `nginx`) or set cluster.ingressClass"))
+    monitors = [kind for kind, on in (("podmonitors", cluster.monitoring.pod_monitor), ("prometheusrules", cluster.monitoring.alerts))
+                if on and models]
+    for kind in monitors:
+        found.append(Need(f"{CRDS}/{kind}.monitoring.coreos.com",
+                          f"the Prometheus Operator is not installed (no {kind} CRD): `pulumi up` cannot create the models' "
+                          f"{'PodMonitors' if kind == 'podmonitors' else 'PrometheusRules'}; install kube-prometheus-stack, "
+                          f"or turn them off with cluster.monitoring"))
     if cluster.cluster_issuer and any(m.ingress is not None and m.ingress.tls_secret for m in models):
         crd = f"{CRDS}/clusterissuers.cert-manager.io"
         found.append(Need(crd, f"cert-manager is not installed (no ClusterIssuer CRD): install it and create ClusterIssuer "

@@ -23,13 +23,20 @@ def test_every_model_object_waits_for_the_namespace(prod: Render) -> None:
     assert late == []
 
 
-def test_model_volume_does_not_wait_for_monitoring_objects(prod: Render) -> None:
-    assert prod.of_type("kubernetes:core/v1:ConfigMap"), "prod should have the adapter rules ConfigMap"
-    (pv,) = prod.of_type("kubernetes:core/v1:PersistentVolume")
+def test_model_volume_does_not_wait_for_monitoring_objects(render) -> None:  # type: ignore[no-untyped-def]
+    import yaml
+
+    from tools.render import ROOT
+
+    # prod autoscales with KEDA; the HPA path is the one that writes the adapter's ConfigMap.
+    cluster = yaml.safe_load((ROOT / "Pulumi.prod.yaml").read_text())["config"]["gpu-serving:cluster"]
+    out = render(cluster={**cluster, "autoscaling": "hpa"})
+    assert out.of_type("kubernetes:core/v1:ConfigMap"), "the hpa stack should have the adapter rules ConfigMap"
+    (pv,) = out.of_type("kubernetes:core/v1:PersistentVolume")
     waits = pv.options.get("dependsOn", [])
     assert waits, "the PV waits for the storage node's disk steps"
     assert all("command:remote:Command" in urn for urn in waits), waits
-    (claim,) = prod.of_type("kubernetes:core/v1:PersistentVolumeClaim")
+    (claim,) = out.of_type("kubernetes:core/v1:PersistentVolumeClaim")
     assert not [urn for urn in claim.options["dependsOn"] if "ConfigMap" in urn or urn.endswith("ClusterBase::cluster")]
 
 

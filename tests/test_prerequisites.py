@@ -21,13 +21,17 @@ from stacks.config import parse
 from tools.render import ROOT, run_program
 
 TOKEN = "test-token-not-a-secret"
+CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+KEDA = f"{CRDS}/scaledobjects.keda.sh"
 ALL = {
     "/apis/networking.k8s.io/v1/ingressclasses/nginx",
-    "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/clusterissuers.cert-manager.io",
+    f"{CRDS}/clusterissuers.cert-manager.io",
     "/apis/cert-manager.io/v1/clusterissuers/letsencrypt",
-    "/api/v1/namespaces/monitoring",
-    "/apis/apiregistration.k8s.io/v1/apiservices/v1beta1.custom.metrics.k8s.io",
+    KEDA,
+    f"{CRDS}/podmonitors.monitoring.coreos.com",
+    f"{CRDS}/prometheusrules.monitoring.coreos.com",
 }
+ADAPTER = {"/api/v1/namespaces/monitoring", "/apis/apiregistration.k8s.io/v1/apiservices/v1beta1.custom.metrics.k8s.io"}
 
 
 def prod_raw() -> dict:
@@ -74,11 +78,11 @@ def kubeconfig(server: str, context: str = "prod", user: dict | None = None, clu
     })
 
 
-def test_prod_needs_an_ingress_class_cert_manager_and_the_adapter() -> None:
+def test_prod_needs_an_ingress_class_cert_manager_keda_and_the_prometheus_operator() -> None:
     paths = [need.path for need in needs(parse(prod_raw()))]
     assert set(paths) == ALL
     none = prod_raw()
-    none["cluster"] = {**none["cluster"], "autoscaling": "none"}
+    none["cluster"] = {**none["cluster"], "autoscaling": "none", "monitoring": {"podMonitor": False, "alerts": False}}
     for model in none["models"]:
         model.pop("ingress", None)
         model["replicas"] = {"min": 1, "max": 1}
@@ -89,12 +93,11 @@ def test_an_empty_cluster_gets_one_warning_per_missing_piece(api, tmp_path: Path
     server, handler = api
     warnings, notes = check(parse(prod_raw()), kubeconfig(server), ".kube/prod.yaml", tmp_path)
     assert notes == []
-    assert len(warnings) == 4, warnings  # the ClusterIssuer is not asked for once its CRD is missing
+    assert len(warnings) == 5, warnings  # the ClusterIssuer is not asked for once its CRD is missing
     assert warnings[0].startswith("cluster prerequisite: no IngressClass nginx")
     assert any("cert-manager is not installed" in w and "ClusterIssuer letsencrypt" in w for w in warnings)
-    assert any(w.startswith("cluster prerequisite: namespace monitoring does not exist: `pulumi up` fails creating the adapter")
-               for w in warnings)
-    assert any("install Prometheus and prometheus-adapter" in w for w in warnings)
+    assert any("KEDA is not installed" in w for w in warnings)
+    assert sum("the Prometheus Operator is not installed" in w for w in warnings) == 2
     assert "/apis/cert-manager.io/v1/clusterissuers/letsencrypt" not in handler.seen
 
 
@@ -112,10 +115,41 @@ def test_keda_and_an_existing_namespace(api, tmp_path: Path) -> None:  # type: i
     server, handler = api
     raw = prod_raw()
     raw["cluster"] = {**raw["cluster"], "autoscaling": "keda", "createNamespace": False}
-    handler.present.update(ALL - {"/api/v1/namespaces/monitoring"})
+    handler.present.update(ALL - {KEDA})
     warnings, _ = check(parse(raw), kubeconfig(server), ".kube/prod.yaml", tmp_path)
     assert [w.split(":", 2)[1].strip() for w in warnings] == [
         "namespace ai does not exist and cluster.createNamespace is false", "KEDA is not installed (no ScaledObject CRD)"]
+
+
+def test_hpa_needs_the_adapter_namespace_and_the_custom_metrics_api(api, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    server, handler = api
+    raw = prod_raw()
+    raw["cluster"] = {**raw["cluster"], "autoscaling": "hpa"}
+    assert {need.path for need in needs(parse(raw))} == (ALL - {KEDA}) | ADAPTER
+    handler.present.update(ALL)
+    warnings, _ = check(parse(raw), kubeconfig(server), ".kube/prod.yaml", tmp_path)
+    assert len(warnings) == 2, warnings
+    assert warnings[0].startswith("cluster prerequisite: namespace monitoring does not exist: `pulumi up` fails creating the adapter")
+    assert "install Prometheus and prometheus-adapter" in warnings[1]
+
+
+def test_the_gateway_edge_needs_the_gateway_api_and_its_gateway(api, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    server, handler = api
+    raw = prod_raw()
+    raw["cluster"] = {**raw["cluster"], "edge": "gateway", "gateway": {"name": "public", "namespace": "edge"}}
+    for model in raw["models"]:
+        model["ingress"].pop("tlsSecret", None)  # the Gateway's listener terminates TLS
+    route_crd = f"{CRDS}/httproutes.gateway.networking.k8s.io"
+    paths = {need.path for need in needs(parse(raw))}
+    assert route_crd in paths and "/apis/gateway.networking.k8s.io/v1/namespaces/edge/gateways/public" in paths
+    assert not [p for p in paths if "ingressclasses" in p or "cert-manager" in p]
+    handler.present.update(ALL)
+    warnings, _ = check(parse(raw), kubeconfig(server), ".kube/prod.yaml", tmp_path)
+    assert len(warnings) == 1 and "the Gateway API is not installed" in warnings[0], warnings
+    handler.present.add(route_crd)
+    warnings, _ = check(parse(raw), kubeconfig(server), ".kube/prod.yaml", tmp_path)
+    assert warnings == ["cluster prerequisite: no Gateway edge/public: the HTTPRoutes would attach to nothing; create it, "
+                        "or set cluster.gateway to an existing one"]
 
 
 def test_a_kubeconfig_with_other_context_names_says_how_to_rename(tmp_path: Path) -> None:
@@ -188,7 +222,7 @@ def test_preview_warns_and_render_reads_no_cluster(api, tmp_path: Path, monkeypa
     assert logged == [] and handler.seen == []
     monkeypatch.setattr(prerequisites.pulumi.runtime, "is_dry_run", lambda: True)
     prerequisites.warn_missing(parse(prod_raw()), base=tmp_path)
-    assert len(logged) == 4 and handler.seen
+    assert len(logged) == 5 and handler.seen
     rendering = prod_raw()
     rendering["cluster"] = {k: v for k, v in rendering["cluster"].items() if k != "kubeconfig"} | {"renderYamlTo": "out"}
     handler.seen.clear()

@@ -67,7 +67,7 @@ def test_the_render_ends_with_the_secrets_still_to_set(tmp_path: Path) -> None:
     result = render_cli("prod", "--out", str(tmp_path / "out"))
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[-1] == (
-        "needs: hfToken, sshPrivateKey, sshHostKeyWorker02 (set each with `pulumi config set --secret <key>` before `pulumi up`)"
+        "needs: hfToken, sshPrivateKey, sshHostKeyWorker02, vllmApiKey (set each with `pulumi config set --secret <key>` before `pulumi up`)"
     )
 
 
@@ -76,8 +76,9 @@ def test_a_secret_set_in_the_stack_file_is_not_needed(tmp_path: Path) -> None:
     stack.write_text(PROD + "  gpu-serving:hfToken:\n    secure: v1:abc:def\n  gpu-serving:sshPrivateKey:\n    secure: v1:abc:ghi\n")
     result = render_cli("set", "--stack-file", str(stack), "--out", str(tmp_path / "out"))
     assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines()[-1].startswith("needs: sshHostKeyWorker02 (")
-    assert run_program("prod", secret_values={"hfToken": "x", "sshPrivateKey": "y", "sshHostKeyWorker02": "z"}).missing_secrets == []
+    assert result.stdout.splitlines()[-1].startswith("needs: sshHostKeyWorker02, vllmApiKey (")
+    every = {"hfToken": "x", "sshPrivateKey": "y", "sshHostKeyWorker02": "z", "vllmApiKey": "w"}
+    assert run_program("prod", secret_values=every).missing_secrets == []
 
 
 # --- item 8: a fresh folder, swapped in -------------------------------------------------------------
@@ -175,8 +176,8 @@ def test_the_apply_file_creates_no_secret_holding_a_placeholder(prod: Render, tm
     text = (tmp_path / "manifests.yaml").read_text()
     assert "[secret" not in text
     assert "Secret" not in {d["kind"] for d in _documents(tmp_path)}
-    assert "#   Secret ai/vllm-qwen3-secrets (keys hf-token): kubectl -n ai create secret generic vllm-qwen3-secrets " \
-           "--from-file=hf-token=hf-token.txt\n" in text
+    assert "#   Secret ai/vllm-qwen3-secrets (keys api-key, hf-token): kubectl -n ai create secret generic vllm-qwen3-secrets " \
+           "--from-file=api-key=api-key.txt --from-file=hf-token=hf-token.txt\n" in text
     # Still declared, still in resources.json, still in the in-process view the e2e checks use.
     assert any(o["kind"] == "Secret" for o in prod.kubernetes_objects())
     assert any(r["type"] == "kubernetes:core/v1:Secret" for r in json.loads((tmp_path / "resources.json").read_text()))
@@ -184,11 +185,12 @@ def test_the_apply_file_creates_no_secret_holding_a_placeholder(prod: Render, tm
 
 def test_every_secret_bearing_object_is_left_out(render, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     models = yaml.safe_load(PROD)["config"]["gpu-serving:models"]
-    models[0]["apiKeySecret"] = "vllmApiKey"
+    # Without an API key (and so without a public ingress) the Secret holds the token alone.
+    del models[0]["apiKeySecret"], models[0]["ingress"]
     result = render(models=models)
     write(result, tmp_path)
     text = (tmp_path / "manifests.yaml").read_text()
-    assert "(keys api-key, hf-token): kubectl -n ai create secret generic vllm-qwen3-secrets " \
-           "--from-file=api-key=api-key.txt --from-file=hf-token=hf-token.txt" in text
+    assert "#   Secret ai/vllm-qwen3-secrets (keys hf-token): kubectl -n ai create secret generic vllm-qwen3-secrets " \
+           "--from-file=hf-token=hf-token.txt\n" in text
     assert "[secret" not in text
 

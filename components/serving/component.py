@@ -168,7 +168,7 @@ class VllmService(pulumi.ComponentResource):
 
         def monitoring_meta(object_name: str) -> k8s.meta.v1.ObjectMetaArgs:
             return k8s.meta.v1.ObjectMetaArgs(
-                name=object_name, namespace=namespace, labels={**labels(model, "monitoring"), **monitoring.labels}
+                name=object_name, namespace=in_namespace, labels={**labels(model, "monitoring"), **monitoring.labels}
             )
 
         if monitoring.pod_monitor:

@@ -251,9 +251,10 @@ class ClusterEndToEnd(EndToEnd):
         # The prod stack's Kubernetes side against this bare cluster: no ingress controller, cert-manager
         # or prometheus-adapter. The preview must say what to install; once they exist, it must not.
         raw = stack_raw("prod")
-        # An adapter namespace of its own: server-dry-run-all-stacks created `monitoring` for real.
+        # The HPA path (prod uses KEDA, whose CRD this cluster has), with an adapter namespace of its own:
+        # server-dry-run-all-stacks created `monitoring` for real.
         raw["cluster"] = {**raw["cluster"], "namespace": "prereq", "kubeconfig": {"path": self.cluster_env["KUBECONFIG"]},
-                          "prometheusAdapter": {"namespace": "prereq-monitoring"}}
+                          "autoscaling": "hpa", "prometheusAdapter": {"namespace": "prereq-monitoring"}}
         raw["nodes"][0]["name"] = FIT_NODES[0]  # a node this cluster has, for the NodePatch's dry run
         if raw["modelStorage"].get("type") == "local":
             raw["modelStorage"]["node"] = FIT_NODES[0]
