@@ -67,7 +67,8 @@ def test_the_render_ends_with_the_secrets_still_to_set(tmp_path: Path) -> None:
     result = render_cli("prod", "--out", str(tmp_path / "out"))
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[-1] == (
-        "needs: hfToken, sshPrivateKey, sshHostKeyWorker02, vllmApiKey (set each with `pulumi config set --secret <key>` before `pulumi up`)"
+        "needs: hfToken, sshPrivateKey, sshHostKeyWorker02, vllmApiKey "
+        "(set each with `pulumi config set --secret <key>` before `pulumi up`)"
     )
 
 
