@@ -8,8 +8,8 @@ One VM for the module; the tests build on each other, in file order:
     kubelet-like bind mounts + a process holding a model file open -> every step again, as is and
     with a comment changed in lib.sh (all survive) -> device timeout change (fstab rewritten,
     synced before the rename, nothing unmounted) -> k3s ordering -> mountpoint change refused
-    until drained -> runtime: invalid TOML restored without restart, imports kept, overridden
-    settings named, big --help under pipefail -> k3s server never restarted, agent checked.
+    until drained -> runtime: invalid TOML restored without restart, imports kept and a big --help
+    read under pipefail, overridden settings named -> k3s server never restarted, agent checked.
 
 Container runtimes are STAND-INS (tests/vm/fakes.py): the guest cannot install containerd, the
 NVIDIA toolkit or k3s. The kubelet is simulated by its bind mounts. Skipped unless GS_VM_TESTS=1.
@@ -260,7 +260,7 @@ def test_runtime_invalid_toml_is_restored_without_restart(vm, node):
     assert "mirror.example" not in proc.stdout + proc.stderr  # configuration is never printed
 
 
-def test_runtime_keeps_imports_names_overridden_settings_and_reads_big_help(vm, node):
+def test_runtime_keeps_imports_and_reads_big_help(vm, node):
     fresh_containerd_config(vm, "1.18.0")
     invocation = vm.ssh(INVOCATION.format("containerd")).stdout.strip()
     proc = run(vm, node["steps"]["80-runtime"])
@@ -271,37 +271,52 @@ def test_runtime_keeps_imports_names_overridden_settings_and_reads_big_help(vm, 
     assert f"--drop-in-config={DROPIN}" in vm.ssh("cat /var/log/fake-nvidia-ctk.log").stdout
     imports = vm.ssh(f"grep '^imports' {CONFIG}").stdout.strip()
     assert imports == 'imports = ["/etc/containerd/site.d/*.toml", "/etc/containerd/conf.d/*.toml"]'
-    # containerd 1.7 takes the drop-in's CRI section whole: the settings it lacks are named, values not shown.
-    for key in ("SystemdCgroup", "endpoint", "sandbox_image"):
-        assert key in proc.stderr, proc.stderr
-    assert "mirror.example" not in proc.stdout + proc.stderr and "registry.example" not in proc.stdout + proc.stderr
-    assert "upgrade containerd to 2.1" in proc.stderr
     again = run(vm, node["steps"]["80-runtime"])
     assert report(again.stdout)["result"] == "unchanged"
     assert vm.ssh(INVOCATION.format("containerd")).stdout.strip() == restarted
     assert vm.ssh(f"grep '^imports' {CONFIG}").stdout.strip() == imports
 
 
-def test_k3s_server_is_never_restarted_and_the_agent_is_checked(vm, node):
-    script = render_steps(runtime="k3s")["80-runtime"]
-    generated = "/var/lib/rancher/k3s/agent/etc/containerd/config.toml"
+def test_runtime_names_settings_the_drop_in_overrides(vm, node):
+    fresh_containerd_config(vm, "good")
+    proc = run(vm, node["steps"]["80-runtime"])
+    assert report(proc.stdout)["result"] == "changed"
+    # containerd 1.7 takes the drop-in's CRI section whole: the settings it lacks are named, values not shown.
+    for key in ("SystemdCgroup", "endpoint", "sandbox_image"):
+        assert key in proc.stderr, proc.stderr
+    assert "upgrade containerd to 2.1" in proc.stderr
+    assert "mirror.example" not in proc.stdout + proc.stderr and "registry.example" not in proc.stdout + proc.stderr
+
+
+K3S_GENERATED = "/var/lib/rancher/k3s/agent/etc/containerd/config.toml"
+
+
+@pytest.fixture
+def fake_k3s(vm):
+    """Stand-in k3s server and agent units (neither started), nvidia-container-runtime present."""
     vm.put_file("#!/bin/sh\nexit 0\n", "/usr/bin/nvidia-container-runtime", "0755")
     vm.put_file(FAKE_K3S_START, "/usr/local/bin/fake-k3s-start", "0755")
     vm.put_file(fake_k3s_unit("k3s", "k3s.service"), "/etc/systemd/system/k3s.service")
     vm.put_file(fake_k3s_unit("k3s", "k3s-agent.service"), "/etc/systemd/system/k3s-agent.service")
-    vm.ssh("rm -f /etc/fake-k3s.detects && systemctl daemon-reload && systemctl start k3s")
-    try:
-        server = vm.ssh(INVOCATION.format("k3s")).stdout.strip()
-        proc = run(vm, script, check=False)
-        assert proc.returncode == 1 and "never restarts a server" in proc.stderr, proc.stderr
-        assert vm.ssh(INVOCATION.format("k3s")).stdout.strip() == server
-        vm.ssh("systemctl stop k3s && systemctl start k3s-agent")
-        # The agent restarts but does not pick up the runtime: a clear failure, not "changed".
-        proc = run(vm, script, check=False)
-        assert proc.returncode == 1 and f"{generated} has no nvidia runtime" in proc.stderr, proc.stderr
-        vm.ssh("touch /etc/fake-k3s.detects")
-        assert report(run(vm, script).stdout)["result"] == "changed"
-        assert report(run(vm, script).stdout)["result"] == "unchanged"
-    finally:
-        vm.ssh("systemctl stop k3s k3s-agent; rm -rf /etc/systemd/system/k3s*.service /var/lib/rancher /etc/fake-k3s.detects"
-               " /usr/bin/nvidia-container-runtime; systemctl daemon-reload", check=False)
+    vm.ssh("rm -f /etc/fake-k3s.detects && systemctl daemon-reload")
+    yield render_steps(runtime="k3s")["80-runtime"]
+    vm.ssh("systemctl stop k3s k3s-agent; rm -rf /etc/systemd/system/k3s*.service /var/lib/rancher /etc/fake-k3s.detects"
+           " /usr/bin/nvidia-container-runtime; systemctl daemon-reload", check=False)
+
+
+def test_k3s_server_is_never_restarted(vm, fake_k3s):
+    vm.ssh("systemctl start k3s")
+    server = vm.ssh(INVOCATION.format("k3s")).stdout.strip()
+    proc = run(vm, fake_k3s, check=False)
+    assert proc.returncode == 1 and "never restarts a server" in proc.stderr, proc.stderr
+    assert vm.ssh(INVOCATION.format("k3s")).stdout.strip() == server
+
+
+def test_k3s_agent_restart_is_checked(vm, fake_k3s):
+    vm.ssh("systemctl start k3s-agent")
+    # The agent restarts but does not pick up the runtime: a clear failure, not "changed".
+    proc = run(vm, fake_k3s, check=False)
+    assert proc.returncode == 1 and f"{K3S_GENERATED} has no nvidia runtime" in proc.stderr, proc.stderr
+    vm.ssh("touch /etc/fake-k3s.detects")
+    assert report(run(vm, fake_k3s).stdout)["result"] == "changed"
+    assert report(run(vm, fake_k3s).stdout)["result"] == "unchanged"
