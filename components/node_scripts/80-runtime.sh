@@ -191,7 +191,7 @@ case $GS_RUNTIME in
     # the whole configuration, credentials included: never shown.
     if ! containerd --config "$config" config dump >/dev/null 2>&1; then
       restore
-      die "containerd cannot load the configuration nvidia-ctk wrote (${files[*]}); the files are restored and containerd was not restarted. See why with: nvidia-ctk ${args[*]}; containerd --config $config config dump >/dev/null"
+      die "containerd cannot load the configuration nvidia-ctk wrote (${files[*]}); the files are restored and containerd was not restarted. The error is not shown (the configuration may hold credentials): run 'nvidia-ctk ${args[*]}' against a copy of /etc/containerd, then 'containerd --config <copy>/config.toml config dump >/dev/null'; a toolkit update may fix it"
     fi
 
     # containerd before 2.1 replaces a whole plugin section on import: settings of config.toml in
