@@ -240,6 +240,7 @@ def install_fake_containerd(vm: Vm) -> None:
 
 
 def fresh_containerd_config(vm: Vm, mode: str) -> None:
+    install_fake_containerd(vm)  # already there after the re-run test; each runtime test also stands alone
     vm.put_file(SITE_CONFIG, CONFIG, "0600")
     vm.ssh(f"rm -rf /etc/containerd/conf.d /var/log/fake-nvidia-ctk.log && touch -d 2024-05-01 {CONFIG}"
            f" && echo {mode} > /etc/fake-nvidia-ctk.mode")
