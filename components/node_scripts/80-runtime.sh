@@ -228,6 +228,11 @@ case $GS_RUNTIME in
     fi
 
     sums "${files[@]}"
+    if [[ $SUMS == "$before" ]]; then
+      for i in "${!files[@]}"; do
+        [[ ! -e $ref/$i ]] || touch -r "$ref/$i" "${files[i]}"
+      done
+    fi
     if [[ $SUMS == "$before" ]] && ((stale == 0)); then
       say "containerd configuration unchanged (${files[*]}); no restart"
       result=unchanged
