@@ -4,7 +4,7 @@ import pulumi
 
 import stacks
 from components.cluster import ClusterArgs, ClusterBase, kubernetes_provider
-from components.node import GpuNode, GpuNodeArgs
+from components.node import gpu_nodes
 from components.prerequisites import warn_missing
 from components.serving import VllmService, VllmServiceArgs, adapter_rules, needs_adapter_rules
 from components.storage import ModelStorage, ModelStorageArgs
@@ -16,7 +16,7 @@ kubernetes = pulumi.ResourceOptions(providers=[kubernetes_provider(config.cluste
 rules = adapter_rules() if needs_adapter_rules(config.cluster, config.models) else None
 cluster = ClusterBase("cluster", ClusterArgs(config.cluster, adapter_rules=rules), opts=kubernetes)
 
-nodes = {node.name: GpuNode(node.name, GpuNodeArgs.from_config(node, config.cluster), opts=kubernetes) for node in config.nodes}
+nodes = gpu_nodes(config.nodes, config.cluster, opts=kubernetes)
 
 storage_node = config.node(config.model_storage.node) if config.model_storage.type == "local" else None
 model_storage = ModelStorage(

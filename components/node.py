@@ -20,6 +20,10 @@ Steps, chained with depends_on (runtime is independent of the disks):
     70-health     read-only: array state, UUIDs, usable bytes -> the node's outputs
     80-runtime    NVIDIA container runtime for containerd / k3s / rke2
 
+The runtime step may restart the node's container runtime. Across the stack the runtime steps run
+one node at a time (each waits for the previous node's, by node name; see `gpu_nodes`), so a
+release never restarts every node's runtime at once and stops at the first node that fails.
+
 Health is measured when the health step runs (first `up`, or when its inputs change); to measure
 again: `pulumi up --replace '<urn of <node>:70-health>'`. Shrinking is refused at config load,
 against the partition size the last grow step exported (`stacks.deployed_outputs`); preflight and
@@ -30,7 +34,7 @@ from __future__ import annotations
 
 import json
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +60,8 @@ STEP_PARAMS: dict[str, tuple[str, ...]] = {
     "20-partition": ("GS_DISKS", "GS_PART_NAME", "GS_PART_BYTES"),
     "30-raid": ("GS_DISKS", "GS_RAID_NAME", "GS_PART_NAME"),
     "40-filesystem": ("GS_RAID_NAME",),
-    "50-mount": ("GS_RAID_NAME", "GS_MOUNTPOINT", "GS_DEVICE_TIMEOUT"),
+    # The runtime names the unit that runs the kubelet: the mount is ordered before it.
+    "50-mount": ("GS_RAID_NAME", "GS_MOUNTPOINT", "GS_DEVICE_TIMEOUT", "GS_RUNTIME"),
     "60-grow": ("GS_DISKS", "GS_RAID_NAME", "GS_PART_NAME", "GS_PART_BYTES"),
     "70-health": ("GS_RAID_NAME", "GS_MOUNTPOINT"),
     "80-runtime": ("GS_RUNTIME", "GS_SET_AS_DEFAULT"),
@@ -269,6 +274,8 @@ class GpuNodeArgs:
     host_key: pulumi.Input[str] | None = None
     """The node's SSH host public key; None turns host-key checking off."""
     extra_depends_on: list[pulumi.Resource] = field(default_factory=list)
+    runtime_after: pulumi.Resource | None = None
+    """The previous node's runtime step: this node's runtime step waits for it."""
 
     @staticmethod
     def from_config(node: Node, cluster: ClusterConfig) -> GpuNodeArgs:
@@ -293,6 +300,8 @@ class GpuNode(pulumi.ComponentResource):
     outputs: pulumi.Output[dict[str, Any]]
     """arrayDevice, disks, partitionBytes, arrayUuid, filesystemUuid, mountpoint, usableBytes, health."""
     commands: dict[str, command.remote.Command]
+    runtime_step: command.remote.Command | None
+    """The runtime step (None when the node's runtime is `none`)."""
 
     def __init__(self, name: str, args: GpuNodeArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("gpu-serving:node:GpuNode", name, None, opts)
@@ -309,6 +318,8 @@ class GpuNode(pulumi.ComponentResource):
         self.commands = {}
         for step in steps(node, cluster):
             depends = [self.commands[d] for d in step.depends_on] + list(args.extra_depends_on)
+            if step.name == RUNTIME_STEP and args.runtime_after is not None:
+                depends.append(args.runtime_after)
             self.commands[step.name] = command.remote.Command(
                 f"{node.name}:{step.name}",
                 connection=connection,
@@ -343,7 +354,7 @@ class GpuNode(pulumi.ComponentResource):
             )
 
         # Labels and taint only once the runtime can start GPU containers.
-        runtime = self.commands.get(RUNTIME_STEP)
+        runtime = self.runtime_step = self.commands.get(RUNTIME_STEP)
         self.node_patch = k8s.core.v1.NodePatch(
             f"{node.name}-gpu",
             metadata=k8s.meta.v1.ObjectMetaPatchArgs(
@@ -358,3 +369,17 @@ class GpuNode(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self, depends_on=[runtime] if runtime else []),
         )
         self.register_outputs({"storage": self.outputs, "nodeName": node.name})
+
+
+def gpu_nodes(nodes: list[Node], cluster: ClusterConfig, opts: pulumi.ResourceOptions | None = None) -> dict[str, GpuNode]:
+    """Every configured node, by name. Runtime steps are chained in node-name order (stable when
+    the config list is reordered): restarting a container runtime stops that node's GPU pods, so
+    a release restarts one node's runtime at a time, and stops at the first node whose step fails.
+    """
+    made: dict[str, GpuNode] = {}
+    previous: pulumi.Resource | None = None
+    for node in sorted(nodes, key=lambda n: n.name):
+        args = GpuNodeArgs.from_config(node, cluster)
+        made[node.name] = GpuNode(node.name, replace(args, runtime_after=previous), opts=opts)
+        previous = made[node.name].runtime_step or previous
+    return {node.name: made[node.name] for node in nodes}

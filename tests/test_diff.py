@@ -126,3 +126,59 @@ def test_make_diff_prints_the_summary_and_no_make_error(clone: Path) -> None:
     broken = subprocess.run([*make[:-3], "diff", "BASE=no-such-ref", "STACK=prod", make[-1]], capture_output=True, text=True, timeout=300)
     assert broken.returncode == 2
     assert "cannot check out 'no-such-ref'" in broken.stderr
+
+
+# ---------------------------------------------------------------------------- what a release re-runs, per node
+
+
+def rendered(name: str, **params: str) -> str:
+    from components.node import render_script
+
+    return render_script(f"{name}.sh", params)
+
+
+def test_reruns_are_listed_per_node_with_their_reason(monkeypatch) -> None:
+    from components import node as gpunode
+
+    mount = {"GS_RAID_NAME": "models", "GS_MOUNTPOINT": "/mnt/models", "GS_DEVICE_TIMEOUT": "30", "GS_RUNTIME": "containerd"}
+    runtime = {"GS_RUNTIME": "containerd", "GS_SET_AS_DEFAULT": "true"}
+    old = snapshot([PV], [step("n1:50-mount", rendered("50-mount", **mount)), step("n1:80-runtime", rendered("80-runtime", **runtime)),
+                          step("n2:80-runtime", rendered("80-runtime", **runtime), host="n2"),
+                          step("n3:80-runtime", rendered("80-runtime", **runtime), host="n3")])
+    # A release that changed only a comment in lib.sh, and n1's mountpoint; n3 gets a new address.
+    lib = gpunode._body("lib.sh")
+    body = gpunode._body
+    monkeypatch.setattr(gpunode, "_body", lambda f: lib + "# a comment\n" if f == "lib.sh" else body(f))
+    new = snapshot([PV], [step("n1:50-mount", rendered("50-mount", **(mount | {"GS_MOUNTPOINT": "/mnt/m2"}))),
+                          step("n1:80-runtime", rendered("80-runtime", **runtime)),
+                          step("n2:80-runtime", rendered("80-runtime", **runtime), host="n2"),
+                          step("n3:80-runtime", old.resources["urn:x::n3:80-runtime"]["inputs"]["create"], host="10.0.0.3"),
+                          step("n4:80-runtime", rendered("80-runtime", **runtime), host="n4")])
+    text, _ = report(old, new, "main", "prod")
+    assert "### Node steps `pulumi up` would run again, per node" in text
+    assert "| `n1` | `50-mount` | parameters GS_MOUNTPOINT; shared helpers (lib.sh) |" in text
+    assert "| `n1` | `80-runtime` | shared helpers (lib.sh) |" in text
+    assert "| `n2` | `80-runtime` | shared helpers (lib.sh) |" in text
+    assert "| `n3` | `80-runtime` | connection |" in text
+    assert "| `n4` | `80-runtime` | new step |" in text
+    assert "What a release re-runs" in text
+
+
+def test_a_step_body_change_is_named_and_nothing_rerun_means_no_table() -> None:
+    old = snapshot([PV], [step("n1:10-preflight", "#!/usr/bin/env bash\nGS_X=1\n# ---- lib.sh\nlib\n# ---- 10-preflight.sh\nold\n")])
+    new = snapshot([PV], [step("n1:10-preflight", "#!/usr/bin/env bash\nGS_X=1\n# ---- lib.sh\nlib\n# ---- 10-preflight.sh\nnew\n")])
+    text, _ = report(old, new, "main", "prod")
+    assert "| `n1` | `10-preflight` | step script |" in text
+    same_steps = snapshot([SVC], [step("n1:10-preflight", "echo check\n"), step("n1:20-partition", "echo part\n")])
+    text, _ = report(BASE, same_steps, "main", "prod")
+    assert "per node" not in text
+
+
+def test_a_lib_change_on_a_clone_lists_every_step_of_the_node(clone: Path) -> None:
+    lib = clone / "components" / "node_scripts" / "lib.sh"
+    lib.write_text(lib.read_text() + "# a comment a release added\n")
+    result = run_diff(clone, "HEAD", "prod")
+    assert result.returncode == 1, result.stderr
+    rows = [line for line in result.stdout.splitlines() if line.startswith("| `k8s-worker-02` |")]
+    assert len(rows) == 8
+    assert all(row.endswith("| shared helpers (lib.sh) |") for row in rows), rows

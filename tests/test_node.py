@@ -164,6 +164,20 @@ def test_timeout_change_reruns_only_mount(render):
     assert changed(before, scripts_with(render, deviceTimeoutSeconds=90)) == {"50-mount"}
 
 
+def test_runtime_change_reruns_mount_and_runtime_only(render, prod):
+    """The mount is ordered before the unit that runs the kubelet, which the runtime decides."""
+    before = {name: cmd.inputs["create"] for name, cmd in commands(prod).items()}
+    nodes = prod_nodes()
+    nodes[0]["containerRuntime"] = "k3s"
+    import yaml
+
+    cluster = yaml.safe_load((ROOT / "Pulumi.prod.yaml").read_text())["config"]["gpu-serving:cluster"]
+    k3s = render(nodes=nodes, cluster={**cluster, "runtimeClassName": "nvidia"})
+    after = {name: cmd.inputs["create"] for name, cmd in commands(k3s).items()}
+    assert changed(before, after) == {"50-mount", "80-runtime"}
+    assert "GS_RUNTIME=k3s" in after["50-mount"].split("# ---- lib.sh")[0]
+
+
 def test_unrelated_config_changes_rerun_nothing(render, prod):
     before = {name: cmd.inputs for name, cmd in commands(prod).items()}
     nodes = prod_nodes()
@@ -192,6 +206,27 @@ def test_chain_retain_secret_outputs_and_timeouts(prod):
     for cmd in cmds.values():
         assert cmd.parent.endswith(f"gpu-serving:node:GpuNode::{NODE}")
         assert cmd.inputs["addPreviousOutputInEnv"] is False
+
+
+def test_runtime_steps_run_one_node_at_a_time(render):
+    """Each node's runtime step waits for the previous node's (by name, whatever the config order):
+    a release never restarts every node's container runtime at once. Disk steps stay parallel."""
+    nodes = prod_nodes()
+    for name, runtime in (("gpu-c", "containerd"), ("gpu-a", "containerd"), ("gpu-b", "none"), ("a-first", "containerd")):
+        nodes.append({"name": name, "ssh": {"host": name}, "gpu": {"product": "nvidia-a100", "count": 1}, "containerRuntime": runtime})
+    r = render(nodes=nodes)
+    runtime = {c.name.split(":")[0]: c for c in r.of_type(COMMAND) if c.name.endswith(":80-runtime")}
+    assert sorted(runtime) == ["a-first", "gpu-a", "gpu-c", NODE]
+    assert "dependsOn" not in runtime["a-first"].options
+    chain = ["a-first", "gpu-a", "gpu-c", NODE]  # gpu-b has no runtime step: skipped
+    for previous, name in itertools.pairwise(chain):
+        assert runtime[name].options["dependsOn"] == [runtime[previous].urn], name
+    preflight = next(c for c in r.of_type(COMMAND) if c.name == f"{NODE}:10-preflight")
+    assert "dependsOn" not in preflight.options
+    # Reordering the config list does not change the chain.
+    again = render(nodes=list(reversed(nodes)))
+    chained = {c.name: c.options.get("dependsOn") for c in again.of_type(COMMAND) if c.name.endswith(":80-runtime")}
+    assert chained == {c.name: c.options.get("dependsOn") for c in runtime.values()}
 
 
 def test_connection_uses_secret_keys_and_dial_retries(render):

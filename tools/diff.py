@@ -4,7 +4,8 @@
 
 Renders STACK at the git ref BASE (in a temporary worktree) and in the working tree, then
 prints a summary — Kubernetes objects and node steps added, changed and removed, and the node
-scripts `pulumi up` would run again — followed by unified diffs of the manifests and scripts.
+scripts `pulumi up` would run again, per node with the reason (the step's parameters, the shared
+helpers in lib.sh, its own script, its connection) — followed by unified diffs of the manifests and scripts.
 A stack file that does not exist at BASE (a new stack) counts as an empty stack: everything is
 added. Exit 0 when the renders are equal, 1 when they differ, 2 on error; the last line, on
 stderr, says which. `make diff` prints the same and exits 0 for a difference (it is the answer,
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import json
+import re
 import subprocess
 import sys
 import tempfile
@@ -90,6 +92,73 @@ def reruns(old: Snapshot, new: Snapshot) -> list[str]:
     return names
 
 
+# A rendered step script: header, a comment, the step's `GS_*=` parameters, `# ---- lib.sh`, the
+# shared helpers, `# ---- NN-step.sh`, the step's own body (components/node.py `render_script`).
+STEP_MARKER = re.compile(r"^# ---- (\S+\.sh)\n", re.MULTILINE)
+
+
+def script_parts(script: str) -> tuple[dict[str, str], str, str]:
+    """(parameters by name, lib.sh text, step body) of a rendered step script."""
+    markers = list(STEP_MARKER.finditer(script))
+    head = script[: markers[0].start()] if markers else script
+    params = {}
+    for line in head.splitlines():
+        name, eq, _ = line.partition("=")
+        if eq and name.isidentifier() and name.isupper():
+            params[name] = line
+    lib = body = ""
+    for i, marker in enumerate(markers):
+        text = script[marker.end(): markers[i + 1].start() if i + 1 < len(markers) else len(script)]
+        if marker.group(1) == "lib.sh":
+            lib = text
+        else:
+            body = text
+    return params, lib, body
+
+
+def rerun_reasons(old: Snapshot, new: Snapshot) -> dict[str, list[str]]:
+    """For each step `pulumi up` would run again, why: its parameters (by name), the shared helpers
+    (lib.sh), its own script, its connection or other inputs, or that it is new."""
+    before, after = node_steps(old), node_steps(new)
+    reasons: dict[str, list[str]] = {}
+    for name in reruns(old, new):
+        previous = before.get(name)
+        if previous is None:
+            reasons[name] = ["new step"]
+            continue
+        why = []
+        was, now = previous["inputs"], after[name]["inputs"]
+        if was.get("create") != now.get("create"):
+            old_params, old_lib, old_body = script_parts(was.get("create") or "")
+            new_params, new_lib, new_body = script_parts(now.get("create") or "")
+            names = sorted(k for k in set(old_params) | set(new_params) if old_params.get(k) != new_params.get(k))
+            if names:
+                why.append("parameters " + ", ".join(names))
+            if old_lib != new_lib:
+                why.append("shared helpers (lib.sh)")
+            if old_body != new_body:
+                why.append("step script")
+            if not why:
+                why.append("script header")
+        why += [key for key in RERUN_INPUTS if key != "create" and was.get(key) != now.get(key)]
+        reasons[name] = why
+    return reasons
+
+
+def rerun_table(old: Snapshot, new: Snapshot) -> list[str]:
+    """Per node, the steps a release runs again on it and why (markdown lines; none when nothing re-runs)."""
+    reasons = rerun_reasons(old, new)
+    if not reasons:
+        return []
+    lines = ["### Node steps `pulumi up` would run again, per node", "",
+             "They run on live nodes; README \"What a release re-runs\" says why that is safe.", "",
+             "| node | step | why |", "|---|---|---|"]
+    for name, why in reasons.items():
+        node, _, step = name.partition(":")
+        lines.append(f"| `{node}` | `{step}` | {'; '.join(why)} |")
+    return [*lines, ""]
+
+
 def unified(old: dict[str, str], new: dict[str, str], label: str) -> str:
     chunks = []
     for key in sorted(set(old) | set(new)):
@@ -122,6 +191,7 @@ def report(old: Snapshot, new: Snapshot, base: str, stack: str, note: str = "") 
         for verb, items in (("added", change.added), ("changed", change.changed), ("removed", change.removed)):
             lines += [f"- {title} {verb}: `{item}`" for item in items]
     lines += ["", "Node scripts `pulumi up` would run again: " + (", ".join(f"`{s}`" for s in rerun) or "none"), ""]
+    lines += rerun_table(old, new)
     manifests = unified(
         {k: yaml.dump(v, Dumper=ManifestDumper, sort_keys=True) for k, v in old.objects.items()},
         {k: yaml.dump(v, Dumper=ManifestDumper, sort_keys=True) for k, v in new.objects.items()},

@@ -131,10 +131,15 @@ fi
 # its copy of mdadm.conf does not list md127: rebuild each initramfs older than mdadm.conf.
 # dracut (RHEL/Rocky) only assembles the arrays named by rd.md.uuid= and leaves ours to udev
 # after switch-root, which reads /etc/mdadm.conf: no rebuild needed there.
+# Only the images of installed kernels (/lib/modules/<version> and /boot/vmlinuz-<version>):
+# /boot/initrd.img-* also matches DKMS's rollback copies (*.old-dkms) and hand-made *.bak files,
+# which must keep their content.
 if command -v update-initramfs >/dev/null; then
-  for img in /boot/initrd.img-*; do
-    [[ -e $img && ! $img -nt $MDADM_CONF ]] || continue
-    version=${img#/boot/initrd.img-}
+  for modules in /lib/modules/*/; do
+    modules=${modules%/}
+    version=${modules##*/}
+    img=/boot/initrd.img-$version
+    [[ -e /boot/vmlinuz-$version && -e $img && ! $img -nt $MDADM_CONF ]] || continue
     say "refreshing the initramfs for $version (its mdadm.conf predates our ARRAY line)"
     update-initramfs -u -k "$version" >/dev/null
     changed=1

@@ -3,10 +3,15 @@ set -euo pipefail
 # Step 50, mount: the array's XFS in /etc/fstab by filesystem UUID, then mounted.
 # The fstab line is added once and replaced (never duplicated) when its options or mountpoint
 # change; a line of another device for our mountpoint is refused. nofail keeps a missing array
-# from blocking boot; x-systemd.before=kubelet.service orders the mount before kubelet. Before
-# the first mount the empty mountpoint directory is made immutable (chattr +i), so if the array
-# is ever missing at boot nothing can write model files onto the root filesystem beneath it.
-: "${GS_RAID_NAME:?}" "${GS_MOUNTPOINT:?}" "${GS_DEVICE_TIMEOUT:?}"
+# from blocking boot; x-systemd.before= orders the mount before the unit that runs the kubelet
+# (kubelet.service, or the k3s / rke2 service, which runs the kubelet inside). Before the first
+# mount the empty mountpoint directory is made immutable (chattr +i), so if the array is ever
+# missing at boot nothing can write model files onto the root filesystem beneath it.
+# The step runs again on a serving node whenever its text changes (any lib.sh change): it never
+# unmounts anything but the old configured mountpoint, and refuses to move the mount while the
+# filesystem has other mounts (kubelet's bind mounts of the local PV into pods). Every refusal
+# comes before the first write. fstab and the unit files are replaced atomically and synced.
+: "${GS_RAID_NAME:?}" "${GS_MOUNTPOINT:?}" "${GS_DEVICE_TIMEOUT:?}" "${GS_RUNTIME:?}"
 
 need_root
 need_tools blkid findmnt mount
@@ -18,14 +23,26 @@ while IFS= read -r line; do
   [[ $line != UUID=* ]] || uuid=${line#UUID=}
 done < <(blkid -p -o export -- "$md" || true)
 [[ -n $uuid ]] || die "$md has no filesystem UUID; the filesystem step (40) must run first"
+kube_units "$GS_RUNTIME"
 
 # fstab escapes blanks and backslashes in paths as octal.
 mp=${GS_MOUNTPOINT//\\/\\134}
 mp=${mp// /\\040}
 mp=${mp//$'\t'/\\011}
-want="UUID=$uuid $mp xfs noatime,nofail,x-systemd.device-timeout=${GS_DEVICE_TIMEOUT}s,x-systemd.before=kubelet.service 0 0"
+order=""
+for u in "${KUBE_UNITS[@]}"; do
+  order+=",x-systemd.before=$u"
+done
+want="UUID=$uuid $mp xfs noatime,nofail,x-systemd.device-timeout=${GS_DEVICE_TIMEOUT}s$order 0 0"
 
-changed=0 found=0 lines=()
+# fstab_unescape PATH: UNESCAPED becomes PATH with fstab's octal escapes decoded.
+fstab_unescape() {
+  UNESCAPED=${1//\\040/ }
+  UNESCAPED=${UNESCAPED//\\011/$'\t'}
+  UNESCAPED=${UNESCAPED//\\134/\\}
+}
+
+changed=0 found=0 lines=() old_targets=() replaced=()
 if [[ -e /etc/fstab ]]; then
   while IFS= read -r line || [[ -n $line ]]; do
     read -r source target _ <<<"$line"
@@ -34,8 +51,9 @@ if [[ -e /etc/fstab ]]; then
         found=1
         lines+=("$line")
       else
-        say "replacing the fstab line: $line"
-        changed=1
+        fstab_unescape "$target"
+        [[ $UNESCAPED == "$GS_MOUNTPOINT" ]] || old_targets+=("$UNESCAPED")
+        replaced+=("$line")
       fi
       continue
     fi
@@ -47,15 +65,53 @@ if [[ -e /etc/fstab ]]; then
 fi
 if ((found == 0)); then
   lines+=("$want")
-  changed=1
 fi
-if ((changed)); then
+
+# Where the filesystem is mounted now: by device number, which kubelet's bind mounts share.
+dev_num=$(<"/sys/class/block/${real##*/}/dev")
+mounts=()
+while read -r majmin target; do
+  [[ $majmin == "$dev_num" ]] || continue
+  printf -v target '%b' "$target" # findmnt -r writes blanks as \x20
+  mounts+=("$target")
+done < <(findmnt -rn -o MAJ:MIN,TARGET || true)
+move=() others=()
+for target in "${mounts[@]}"; do
+  [[ $target != "$GS_MOUNTPOINT" ]] || continue
+  old=0
+  for o in "${old_targets[@]}"; do
+    [[ $o != "$target" ]] || old=1
+  done
+  if ((old)); then
+    move+=("$target")
+  else
+    others+=("$target")
+  fi
+done
+if ((${#move[@]} && ${#others[@]})); then
+  die "storage.mountpoint changed from ${move[0]} to $GS_MOUNTPOINT, but the filesystem is also mounted at ${#others[@]} other place(s), e.g. ${others[0]} (kubelet's bind mounts of the volume into pods); moving it would leave those pods on an empty directory. Drain the node first (kubectl drain), then run pulumi up again. Nothing was changed"
+fi
+current=$(findmnt -rn -o SOURCE --mountpoint "$GS_MOUNTPOINT" || true)
+if [[ -n $current && $current != "$real" ]]; then
+  die "$current is mounted at $GS_MOUNTPOINT, not our array $md; unmount it or choose another storage.mountpoint"
+fi
+
+# The old mountpoint goes first: if it is busy, nothing has been written yet.
+for target in "${move[@]}"; do
+  say "unmounting the old mountpoint $target"
+  umount -- "$target" || die "cannot unmount $target (in use?); stop what uses it (kubectl drain), then run pulumi up again"
+  changed=1
+done
+
+if ((${#replaced[@]})) || ((found == 0)); then
+  for line in "${replaced[@]}"; do
+    say "replacing the fstab line: $line"
+  done
   say "writing /etc/fstab: $want"
-  tmp=/etc/.fstab.gpu-serving
-  printf '%s\n' "${lines[@]}" >"$tmp"
-  chmod 644 "$tmp"
-  mv -f "$tmp" /etc/fstab
+  printf -v text '%s\n' "${lines[@]}"
+  write_atomic /etc/fstab 644 "$text"
   [[ ! -d /run/systemd/system ]] || systemctl daemon-reload
+  changed=1
 else
   say "/etc/fstab line present, unchanged"
 fi
@@ -70,9 +126,7 @@ install_file() {
   [[ ! -e $1 ]] || current=$(<"$1")
   [[ $current != "${3%$'\n'}" ]] && {
     say "writing $1"
-    printf '%s' "$3" >"$1.gpu-serving"
-    chmod "$2" "$1.gpu-serving"
-    mv -f "$1.gpu-serving" "$1"
+    write_atomic "$1" "$2" "$3"
     changed=1
     units=1
   }
@@ -124,7 +178,7 @@ exit 0
   install_file "/etc/systemd/system/$unit" 644 "[Unit]
 Description=gpu-serving: start RAID $GS_RAID_NAME (degraded if a disk is missing) and mount it
 After=local-fs.target systemd-udev-settle.service
-Before=kubelet.service
+Before=${KUBE_UNITS[*]}
 
 [Service]
 Type=oneshot
@@ -141,15 +195,6 @@ WantedBy=multi-user.target
   fi
 fi
 
-# Mounted elsewhere (the mountpoint changed in config)? Move it.
-while read -r target; do
-  [[ -n $target && $target != "$GS_MOUNTPOINT" ]] || continue
-  say "unmounting the old mountpoint $target"
-  umount "$target" || die "cannot unmount $target (in use?); stop the pods using it, then run pulumi up again"
-  changed=1
-done < <(findmnt -rn -o TARGET --source "$real" || true)
-
-current=$(findmnt -rn -o SOURCE --mountpoint "$GS_MOUNTPOINT" || true)
 if [[ -z $current ]]; then
   if [[ ! -d $GS_MOUNTPOINT ]]; then
     say "creating $GS_MOUNTPOINT"
@@ -166,8 +211,6 @@ if [[ -z $current ]]; then
   say "mounting $GS_MOUNTPOINT"
   mount -- "$GS_MOUNTPOINT"
   changed=1
-elif [[ $current != "$real" ]]; then
-  die "$current is mounted at $GS_MOUNTPOINT, not our array $md; unmount it or choose another storage.mountpoint"
 else
   say "$GS_MOUNTPOINT is mounted, unchanged"
 fi

@@ -1,17 +1,29 @@
 #!/usr/bin/env bash
 set -euo pipefail
 # Step 80, runtime: make the node's container runtime able to start GPU containers.
+# The step runs again on a serving node whenever its text changes (any lib.sh change), and a
+# runtime restart stops that node's GPU pods: restarts happen only when needed, one node at a time
+# (components/node.py chains the nodes' runtime steps), and never with a configuration that fails.
 # containerd: `nvidia-ctk runtime configure --runtime=containerd` (into the drop-in
 #   /etc/containerd/conf.d/99-nvidia.toml when the toolkit supports --drop-in-config, >= 1.18;
-#   into config.toml before that). containerd is restarted only when its configuration really
-#   changed (sha256 of every file before and after), or when an earlier run stopped between
-#   writing and restarting; the toolkit may rewrite a file with the same content, which does
-#   not count.
+#   into config.toml before that). Then, before any restart:
+#   - every `imports` entry config.toml had is put back if the toolkit dropped it (1.18.0 replaces
+#     the line);
+#   - `containerd config dump` must load the result; if it does not, the files are restored from
+#     the copies taken before the toolkit ran (kept in /var/lib/gpu-serving/containerd-backup)
+#     and the step fails without restarting;
+#   - containerd before 2.1 replaces a whole plugin section on import, so the drop-in's copy of
+#     the CRI section overrides config.toml: settings of config.toml missing from the copy are
+#     named (keys only) in a warning.
+#   containerd is restarted only when its configuration really changed (sha256 of every file
+#   before and after), or when an earlier run stopped between writing and restarting; the toolkit
+#   may rewrite a file with the same content, which does not count.
 # k3s / rke2: they write their own containerd config at every start and add the `nvidia`
 #   runtime themselves when nvidia-container-runtime is installed; editing that file is
-#   pointless (it is regenerated). The service is restarted only when its generated config
-#   lacks the nvidia runtime. --set-as-default does not apply there: GPU pods use the
-#   RuntimeClass `nvidia`.
+#   pointless (it is regenerated). Only the agent service is restarted, and only when its
+#   generated config lacks the nvidia runtime; the step then checks that the runtime appeared.
+#   A server (k3s.service, rke2-server.service) is never restarted: that is the control plane.
+#   --set-as-default does not apply there: GPU pods use the RuntimeClass `nvidia`.
 # Never prints configuration contents (they may hold registry credentials).
 : "${GS_RUNTIME:?}" "${GS_SET_AS_DEFAULT:?}"
 
@@ -30,13 +42,59 @@ sums() {
   done
 }
 
+# toml_imports FILE: IMPORTS becomes the entries of FILE's top-level `imports = [...]` (on one
+# line or several); IMPORTS_AT its first line number (0: none).
+toml_imports() {
+  local line block="" open=0 n=0 rest re='^[^"]*"([^"]*)"(.*)$'
+  IMPORTS=() IMPORTS_AT=0 IMPORTS_LINES=0
+  [[ -e $1 ]] || return 0
+  while IFS= read -r line || [[ -n $line ]]; do
+    n=$((n + 1))
+    if ((open == 0)); then
+      [[ ! $line =~ ^[[:space:]]*\[ ]] || break # the first table: no top-level keys after it
+      [[ $line =~ ^[[:space:]]*imports[[:space:]]*= ]] || continue
+      open=1 IMPORTS_AT=$n
+    fi
+    block+=" $line"
+    IMPORTS_LINES=$((IMPORTS_LINES + 1))
+    [[ $line != *"]"* ]] || break
+  done <"$1"
+  rest=$block
+  while [[ $rest =~ $re ]]; do
+    IMPORTS+=("${BASH_REMATCH[1]}")
+    rest=${BASH_REMATCH[2]}
+  done
+}
+
+declare -A SECTION_KEYS=()
+# toml_sections FILE: SECTION_KEYS[<table header>] becomes that table's `key = value` lines,
+# blanks trimmed, one per line.
+toml_sections() {
+  local line header=""
+  SECTION_KEYS=()
+  while IFS= read -r line || [[ -n $line ]]; do
+    line=${line#"${line%%[![:space:]]*}"}
+    line=${line%"${line##*[![:space:]]}"}
+    [[ -n $line && $line != \#* ]] || continue
+    if [[ $line == \[* ]]; then
+      header=$line
+      continue
+    fi
+    [[ -n $header ]] || continue
+    SECTION_KEYS[$header]+="$line"$'\n'
+  done <"$1"
+}
+
 case $GS_RUNTIME in
   containerd)
     need_tools nvidia-ctk containerd systemctl sha256sum
     config=/etc/containerd/config.toml dropin=/etc/containerd/conf.d/99-nvidia.toml
     args=(runtime configure --runtime=containerd --config="$config")
     [[ $GS_SET_AS_DEFAULT != true ]] || args+=(--set-as-default)
-    if nvidia-ctk runtime configure --help 2>&1 | grep -q -- --drop-in-config; then
+    # Captured first: `| grep -q` would close the pipe early, the toolkit would die of SIGPIPE and
+    # pipefail would turn a match into a miss.
+    help=$(nvidia-ctk runtime configure --help 2>&1) || true
+    if [[ $help == *--drop-in-config* ]]; then
       args+=(--drop-in-config="$dropin")
     else
       dropin=""
@@ -70,9 +128,105 @@ case $GS_RUNTIME in
     for i in "${!files[@]}"; do
       [[ ! -e ${files[i]} ]] || touch -r "${files[i]}" "$ref/$i"
     done
+    # The files as they were, to restore when the toolkit's result does not load (root only:
+    # config.toml may hold registry credentials).
+    backup=/var/lib/gpu-serving/containerd-backup
+    rm -rf "$backup"
+    mkdir -p "${backup%/*}"
+    mkdir -m 700 "$backup"
+    for i in "${!files[@]}"; do
+      [[ ! -e ${files[i]} ]] || cp -p -- "${files[i]}" "$backup/$i"
+    done
+    restore() {
+      local i
+      for i in "${!files[@]}"; do
+        if [[ -e $backup/$i ]]; then
+          cp -p -- "$backup/$i" "${files[i]}"
+        else
+          rm -f -- "${files[i]}"
+        fi
+      done
+      sync -- "${files[@]%/*}" 2>/dev/null || true
+      ((stale)) || rm -f "$pending"
+    }
+    toml_imports "$config"
+    kept=("${IMPORTS[@]}")
     sums "${files[@]}"
     before=$SUMS
-    nvidia-ctk "${args[@]}" >/dev/null 2>&1 || die "nvidia-ctk ${args[*]} failed; run it by hand to see why"
+    nvidia-ctk "${args[@]}" >/dev/null 2>&1 || {
+      restore
+      die "nvidia-ctk ${args[*]} failed (files restored, containerd not restarted); run it by hand to see why"
+    }
+
+    # nvidia-ctk 1.18.0 replaces an existing imports line with its own: put the lost entries back.
+    toml_imports "$config"
+    lost=()
+    for entry in "${kept[@]}"; do
+      found=0
+      for now in "${IMPORTS[@]}"; do
+        [[ $now != "$entry" ]] || found=1
+      done
+      ((found)) || lost+=("$entry")
+    done
+    if ((${#lost[@]})); then
+      say "the toolkit dropped imports entries of $config (${lost[*]}); putting them back"
+      union=""
+      for entry in "${kept[@]}" "${IMPORTS[@]}"; do
+        [[ $union == *"\"$entry\""* ]] || union+="${union:+, }\"$entry\""
+      done
+      text="" n=0
+      while IFS= read -r line || [[ -n $line ]]; do
+        n=$((n + 1))
+        if ((IMPORTS_AT && n >= IMPORTS_AT && n < IMPORTS_AT + IMPORTS_LINES)); then
+          ((n != IMPORTS_AT)) || text+="imports = [$union]"$'\n'
+          continue
+        fi
+        text+="$line"$'\n'
+      done <"$config"
+      ((IMPORTS_AT)) || text="imports = [$union]"$'\n'"$text"
+      write_atomic "$config" "$(stat -c %a "$config")" "$text"
+    fi
+
+    # Does containerd load the result (TOML syntax, imports, known plugin sections)? Its output is
+    # the whole configuration, credentials included: never shown.
+    if ! containerd --config "$config" config dump >/dev/null 2>&1; then
+      restore
+      die "containerd cannot load the configuration nvidia-ctk wrote (${files[*]}); the files are restored and containerd was not restarted. The error is not shown (the configuration may hold credentials): run 'nvidia-ctk ${args[*]}' against a copy of /etc/containerd, then 'containerd --config <copy>/config.toml config dump >/dev/null'; a toolkit update may fix it"
+    fi
+
+    # containerd before 2.1 replaces a whole plugin section on import: settings of config.toml in
+    # a plugin the drop-in also configures, and missing from the drop-in's copy, do nothing.
+    read -r _ _ cversion _ < <(containerd --version)
+    cversion=${cversion#v}
+    cmajor=${cversion%%.*} cminor=${cversion#*.}
+    cminor=${cminor%%.*}
+    overridden=()
+    if [[ -n $dropin && -e $dropin ]] && ((cmajor < 2 || (cmajor == 2 && cminor < 1))); then
+      toml_sections "$dropin"
+      declare -A drop=()
+      for h in "${!SECTION_KEYS[@]}"; do
+        drop[$h]=${SECTION_KEYS[$h]}
+      done
+      plugins=" "
+      re='^\[plugins\."([^"]+)"'
+      for h in "${!drop[@]}"; do
+        [[ ! $h =~ $re ]] || plugins+="${BASH_REMATCH[1]} "
+      done
+      toml_sections "$config"
+      for h in "${!SECTION_KEYS[@]}"; do
+        [[ $h =~ $re && $plugins == *" ${BASH_REMATCH[1]} "* ]] || continue
+        while IFS= read -r line; do
+          [[ -n $line && $'\n'${drop[$h]:-} != *$'\n'"$line"$'\n'* ]] || continue
+          overridden+=("${h} ${line%%[[:space:]=]*}")
+        done <<<"${SECTION_KEYS[$h]}"
+      done
+      if ((${#overridden[@]})); then
+        mapfile -t overridden < <(printf '%s\n' "${overridden[@]}" | sort)
+        warn "containerd $cversion replaces a whole plugin section on import, so $dropin overrides these settings of $config, which have no effect: $(printf '%s; ' "${overridden[@]}")copy them into $dropin, or upgrade containerd to 2.1 or later"
+      fi
+      [[ $plugins == " " ]] || say "note: with containerd $cversion, later edits to plugins${plugins% } in $config are overridden by $dropin; edit both"
+    fi
+
     sums "${files[@]}"
     if [[ $SUMS == "$before" ]]; then
       for i in "${!files[@]}"; do
@@ -91,22 +245,30 @@ case $GS_RUNTIME in
     ;;
   k3s | rke2)
     generated=/var/lib/rancher/$GS_RUNTIME/agent/etc/containerd/config.toml
+    has_nvidia() { [[ -r $generated ]] && grep -qE "runtimes\\.['\"]?nvidia['\"]?\\]" "$generated"; }
     [[ -x /usr/bin/nvidia-container-runtime || -x /usr/local/nvidia/toolkit/nvidia-container-runtime ]] ||
       die "nvidia-container-runtime is not installed; install nvidia-container-toolkit, then run pulumi up again ($GS_RUNTIME detects it when it starts)"
-    if [[ -r $generated ]] && grep -qE "runtimes\\.['\"]?nvidia['\"]?\\]" "$generated"; then
+    if has_nvidia; then
       say "$GS_RUNTIME already has the nvidia runtime in $generated, unchanged"
       result=unchanged
     else
-      unit=""
-      for candidate in "$GS_RUNTIME" "$GS_RUNTIME-agent" "$GS_RUNTIME-server"; do
-        if systemctl -q is-active "$candidate"; then
-          unit=$candidate
-          break
-        fi
+      agent=$GS_RUNTIME-agent
+      if ! systemctl -q is-active "$agent"; then
+        for server in "$GS_RUNTIME" "$GS_RUNTIME-server"; do
+          ! systemctl -q is-active "$server" ||
+            die "$GS_RUNTIME runs here as a server ($server.service) and $generated has no nvidia runtime. This step never restarts a server (that restarts the control plane): restart it yourself when that is safe ('systemctl restart $server'), then run pulumi up again"
+        done
+        die "no running $agent service found; start it, then run pulumi up again"
+      fi
+      say "restarting $agent so that it detects nvidia-container-runtime"
+      started=$(date +%s)
+      systemctl restart "$agent"
+      # The agent writes its containerd config as it starts: wait for the new one, then check it.
+      for _ in {1..60}; do
+        [[ ! -e $generated ]] || (($(stat -c %Y "$generated") < started)) || break
+        sleep 2
       done
-      [[ -n $unit ]] || die "no running $GS_RUNTIME service found; start it, then run pulumi up again"
-      say "restarting $unit so that it detects nvidia-container-runtime"
-      systemctl restart "$unit"
+      has_nvidia || die "$agent restarted, but $generated has no nvidia runtime: $GS_RUNTIME did not detect nvidia-container-runtime. Check 'journalctl -u $agent' and that nvidia-container-runtime is on $GS_RUNTIME's PATH, then run pulumi up again"
       result=changed
     fi
     ;;

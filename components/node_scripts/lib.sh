@@ -188,3 +188,29 @@ mdadm_conf() {
     MDADM_CONF=/etc/mdadm.conf # RHEL, Rocky, Fedora, SUSE
   fi
 }
+
+# write_atomic PATH MODE TEXT: replace PATH by TEXT (written as is) so that a crash at any moment
+# leaves the old file or the new one, never an empty one: the new file reaches the disk before
+# the rename, and the rename before we go on (XFS may commit a rename ahead of the data, and an
+# empty /etc/fstab boots into emergency mode). `sync FILE` is fsync(2) (coreutils >= 8.24).
+write_atomic() {
+  local path=$1 mode=$2 tmp
+  tmp=${path%/*}/.${path##*/}.gpu-serving
+  printf '%s' "$3" >"$tmp"
+  chmod "$mode" "$tmp"
+  sync -- "$tmp"
+  mv -f -- "$tmp" "$path"
+  sync -- "${path%/*}"
+}
+
+# kube_units RUNTIME: KUBE_UNITS becomes the systemd units that run the node's kubelet. k3s and
+# rke2 run it inside their own service (server or agent, whichever is installed), so ordering
+# against kubelet.service there orders nothing.
+# shellcheck disable=SC2034  # KUBE_UNITS is read by the steps
+kube_units() {
+  case $1 in
+    k3s) KUBE_UNITS=(k3s.service k3s-agent.service) ;;
+    rke2) KUBE_UNITS=(rke2-server.service rke2-agent.service) ;;
+    *) KUBE_UNITS=(kubelet.service) ;;
+  esac
+}

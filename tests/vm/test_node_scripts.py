@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fakes import CONTAINERD_UNIT, FAKE_CONTAINERD, FAKE_K3S_START, fake_k3s_unit
 from harness import Vm, make_os_like_layout, partition_sha256s
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -78,17 +79,6 @@ fi
 printf '%s\n' "$current" >"$config"
 echo "INFO[0000] Wrote updated config to $dropin" >&2
 """
-
-FAKE_CONTAINERD = """#!/bin/bash
-# FAKE containerd: answers --version like containerd 1.7; as a daemon it only sleeps, so a
-# restart is visible through systemd (InvocationID) without a container runtime.
-if [[ ${1:-} == --version ]]; then
-  echo "containerd github.com/containerd/containerd v1.7.24 88bf19b2105c8b17560993bee28a01ddc2f97182"
-  exit 0
-fi
-exec sleep infinity
-"""
-CONTAINERD_UNIT = "[Unit]\nDescription=fake containerd (tests)\n[Service]\nExecStart=/usr/local/bin/containerd\n"
 
 TIMINGS: dict[str, float] = {}
 
@@ -313,7 +303,6 @@ def test_runtime_step_with_fake_nvidia_ctk(vm, node):
     assert vm.ssh(invocation).stdout.strip() == third_id
 
 
-FAKE_K3S_UNIT = "[Unit]\nDescription=fake k3s agent (tests)\n[Service]\nExecStart=/bin/sleep infinity\n"
 K3S_CONFIG = "/var/lib/rancher/k3s/agent/etc/containerd/config.toml"
 
 
@@ -327,9 +316,10 @@ def test_runtime_step_for_k3s_with_fake_service(vm, node):
     assert missing.returncode == 1 and "nvidia-container-runtime is not installed" in missing.stderr
 
     vm.put_file("#!/bin/sh\nexit 0\n", "/usr/bin/nvidia-container-runtime", "0755")
-    vm.put_file(FAKE_K3S_UNIT, "/etc/systemd/system/k3s-agent.service")
-    vm.put_file('version = 2\n[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]\n', K3S_CONFIG)
-    vm.ssh("systemctl daemon-reload && systemctl start k3s-agent")
+    vm.put_file(FAKE_K3S_START, "/usr/local/bin/fake-k3s-start", "0755")
+    vm.put_file(fake_k3s_unit("k3s", "k3s-agent.service"), "/etc/systemd/system/k3s-agent.service")
+    vm.ssh("rm -f /etc/fake-k3s.detects && systemctl daemon-reload && systemctl start k3s-agent")
+    vm.ssh("touch /etc/fake-k3s.detects")  # k3s will find the runtime at its next start
     invocation = "systemctl show -p InvocationID --value k3s-agent"
     before = vm.ssh(invocation).stdout.strip()
     first = report(run(vm, script).stdout)
@@ -344,6 +334,7 @@ def test_runtime_step_for_k3s_with_fake_service(vm, node):
     assert again["result"] == "unchanged"
     assert vm.ssh(invocation).stdout.strip() == restarted
     vm.ssh("systemctl stop k3s-agent && rm -rf /etc/systemd/system/k3s-agent.service /var/lib/rancher /usr/bin/nvidia-container-runtime"
+           " /etc/fake-k3s.detects"
            " && systemctl daemon-reload")
 
 

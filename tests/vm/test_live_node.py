@@ -1,0 +1,325 @@
+"""Node steps re-run on a LIVE node (issue 14): a release that changes a step's text (or only lib.sh)
+runs it again on a node whose pods use the volume and whose runtime runs GPU pods. Nothing it does
+may take serving down.
+
+One VM for the module; the tests build on each other, in file order:
+
+    first run with a DKMS rollback initramfs beside the real one (kept, second run unchanged) ->
+    kubelet-like bind mounts + a process holding a model file open -> every step again, as is and
+    with a comment changed in lib.sh (all survive) -> device timeout change (fstab rewritten,
+    synced before the rename, nothing unmounted) -> k3s ordering -> mountpoint change refused
+    until drained -> runtime: invalid TOML restored without restart, imports kept and a big --help
+    read under pipefail, overridden settings named -> k3s server never restarted, agent checked.
+
+Container runtimes are STAND-INS (tests/vm/fakes.py): the guest cannot install containerd, the
+NVIDIA toolkit or k3s. The kubelet is simulated by its bind mounts. Skipped unless GS_VM_TESTS=1.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fakes import CONTAINERD_UNIT, FAKE_CONTAINERD, FAKE_K3S_START, FAKE_NVIDIA_CTK, fake_k3s_unit
+from harness import Vm
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from tools.render import run_program  # noqa: E402
+
+NODE = "k8s-worker-02"
+DISKS = ("gs-disk-a", "gs-disk-b")
+MOUNT = "/mnt/models"
+MD = "/dev/md/models"
+DISK_STEPS = ["10-preflight", "20-partition", "30-raid", "40-filesystem", "50-mount", "60-grow", "70-health"]
+ALL_STEPS = [*DISK_STEPS, "80-runtime"]
+PODS = [f"/var/lib/kubelet/pods/{uid}/volumes/kubernetes.io~local-volume/models" for uid in ("7c1e-pod-a", "9f02-pod-b")]
+HOLDER = "gs-test-holder"
+INVOCATION = "systemctl show -p InvocationID --value {}"
+
+
+def render_steps(runtime: str = "containerd", **storage: Any) -> dict[str, str]:
+    """{step: create script} for the prod node pointed at the VM's disks (offline render)."""
+    import yaml
+
+    config = yaml.safe_load((ROOT / "Pulumi.prod.yaml").read_text())["config"]
+    nodes = config["gpu-serving:nodes"]
+    nodes[0]["storage"] = {"disks": [Vm.by_id(d) for d in DISKS], "sizeGb": 2, "raidName": "models", "mountpoint": MOUNT, **storage}
+    nodes[0]["containerRuntime"] = runtime
+    overrides = {"gpu-serving:nodes": json.dumps(nodes), "gpu-serving:models": "[]"}
+    if runtime in ("k3s", "rke2"):
+        overrides["gpu-serving:cluster"] = json.dumps({**config["gpu-serving:cluster"], "runtimeClassName": "nvidia"})
+    render = run_program("prod", overrides=overrides)
+    return {c.name.split(":", 1)[1]: c.inputs["create"] for c in render.of_type("command:remote:Command") if c.name.startswith(f"{NODE}:")}
+
+
+def with_lib_comment(script: str) -> str:
+    """The same step after a release that changed only a comment in lib.sh."""
+    assert "# ---- lib.sh\n" in script
+    return script.replace("# ---- lib.sh\n", "# ---- lib.sh\n# a comment a release changed\n", 1)
+
+
+def report(stdout: str) -> dict[str, Any]:
+    lines = [line for line in stdout.splitlines() if line.startswith("{")]
+    assert lines, stdout
+    return json.loads(lines[-1])
+
+
+def run(vm: Vm, script: str, *, check: bool = True):
+    """As pulumi_command runs `create`: the script text is the SSH command."""
+    return vm.ssh(script, check=check, timeout=900)
+
+
+def sha(vm: Vm, path: str) -> str:
+    return vm.ssh(f"sha256sum < {shlex.quote(path)}").stdout.split()[0]
+
+
+def live_state(vm: Vm) -> dict[str, str]:
+    """What pods see: every mount of the array, the holder's open file, model data through a pod's mount."""
+    pid = vm.ssh(f"systemctl show -p MainPID --value {HOLDER}").stdout.strip()
+    return {
+        "mounts": vm.ssh("findmnt -rn -o TARGET,SOURCE,MAJ:MIN | sort").stdout,
+        "holder": pid,
+        "open": vm.ssh(f"readlink /proc/{pid}/fd/3").stdout.strip(),
+        "open-data": sha(vm, f"/proc/{pid}/fd/3"),
+        "pod-data": sha(vm, f"{PODS[1]}/model.bin"),
+    }
+
+
+@pytest.fixture(scope="module")
+def node(vm: Vm) -> dict[str, Any]:
+    return {"steps": render_steps()}
+
+
+# ---------------------------------------------------------------------------- initramfs (item 3)
+
+
+def test_initramfs_refresh_keeps_the_dkms_rollback_image(vm, node):
+    kernel = vm.ssh("uname -r").stdout.strip()
+    rollback, bak = f"/boot/initrd.img-{kernel}.old-dkms", f"/boot/initrd.img-{kernel}.bak"
+    # DKMS's rollback copy (and a hand-made one), older than the mdadm.conf the raid step writes.
+    vm.ssh(f"head -c 4M /dev/urandom > {rollback} && cp {rollback} {bak} && touch -d 2020-01-01 {rollback} {bak}")
+    kept = {p: sha(vm, p) for p in (rollback, bak)}
+    real = sha(vm, f"/boot/initrd.img-{kernel}")
+    for name in DISK_STEPS:
+        proc = run(vm, node["steps"][name], check=False)
+        assert proc.returncode == 0, (name, proc.stderr[-2000:])
+        if name == "30-raid":
+            assert f"refreshing the initramfs for {kernel} (" in proc.stdout
+            assert ".old-dkms" not in proc.stdout and ".bak" not in proc.stdout
+    assert {p: sha(vm, p) for p in kept} == kept
+    assert sha(vm, f"/boot/initrd.img-{kernel}") != real  # the installed kernel's image was refreshed
+    again = report(run(vm, node["steps"]["30-raid"]).stdout)
+    assert again["result"] == "unchanged"
+    assert {p: sha(vm, p) for p in kept} == kept
+
+
+# ---------------------------------------------------------------------------- a serving node (items 1, 4, 5)
+
+
+def test_reruns_keep_pod_mounts_and_open_files(vm, node):
+    vm.ssh(f"head -c 8M /dev/urandom > {MOUNT}/model.bin && sync")
+    # kubelet's bind mounts of the local PV into two pods, and a container process reading a model.
+    for pod in PODS:
+        vm.ssh(f"mkdir -p {pod} && mount --bind {MOUNT} {pod}")
+    vm.ssh(f"systemd-run --unit={HOLDER} --quiet bash -c 'exec 3<{PODS[0]}/model.bin; exec sleep infinity'")
+    vm.ssh(f"for i in $(seq 50); do test -e /proc/$(systemctl show -p MainPID --value {HOLDER})/fd/3 && exit 0; sleep 0.2; done; exit 1")
+    # The runtime stand-ins, so the re-run covers every step (containerd configured once first).
+    install_fake_containerd(vm)
+    run(vm, node["steps"]["80-runtime"])
+    before = live_state(vm)
+    assert before["open"] == f"{PODS[0]}/model.bin"
+    fstab = sha(vm, "/etc/fstab")
+    for variant in (lambda s: s, with_lib_comment):
+        for name in ALL_STEPS:
+            proc = run(vm, variant(node["steps"][name]), check=False)
+            assert proc.returncode == 0, (name, proc.stderr[-2000:])
+            assert report(proc.stdout)["result"] == "unchanged", (name, proc.stdout)
+        assert live_state(vm) == before
+    assert sha(vm, "/etc/fstab") == fstab
+
+
+SYNC_SPY = r"""#!/bin/bash
+# Test spy: records what the steps sync (a file's content hash, or /etc/fstab's when a folder is
+# synced), then runs the real sync.
+for a in "$@"; do
+  if [[ -f $a ]]; then
+    echo "file $a $(sha256sum <"$a" | cut -d' ' -f1)"
+  elif [[ -d $a ]]; then
+    echo "dir $a fstab=$(sha256sum </etc/fstab | cut -d' ' -f1)"
+  fi
+done >>/var/log/sync-spy.log
+exec /usr/bin/sync "$@"
+"""
+
+
+def test_timeout_change_rewrites_fstab_synced_and_unmounts_nothing(vm, node):
+    before = live_state(vm)
+    vm.put_file(SYNC_SPY, "/usr/local/bin/sync", "0755")
+    try:
+        vm.ssh("rm -f /var/log/sync-spy.log")
+        slower = render_steps(deviceTimeoutSeconds=45)
+        assert report(run(vm, slower["50-mount"]).stdout)["result"] == "changed"
+        spy = vm.ssh("cat /var/log/sync-spy.log").stdout.splitlines()
+    finally:
+        vm.ssh("rm -f /usr/local/bin/sync")
+    assert "x-systemd.device-timeout=45s" in vm.ssh("cat /etc/fstab").stdout
+    new = sha(vm, "/etc/fstab")
+    # The new content reached the disk under the temporary name, then the folder after the rename.
+    assert f"file /etc/.fstab.gpu-serving {new}" in spy, spy
+    assert f"dir /etc fstab={new}" in spy, spy
+    assert spy.index(f"file /etc/.fstab.gpu-serving {new}") < spy.index(f"dir /etc fstab={new}")
+    assert live_state(vm) == before
+    assert report(run(vm, node["steps"]["50-mount"]).stdout)["result"] == "changed"  # back to 30 s
+    assert live_state(vm) == before
+
+
+def test_k3s_orders_the_mount_before_its_own_units(vm, node):
+    before = live_state(vm)
+    k3s = render_steps(runtime="k3s")["50-mount"]
+    assert report(run(vm, k3s).stdout)["result"] == "changed"
+    fstab = vm.ssh(f"grep ' {MOUNT} ' /etc/fstab").stdout
+    assert "x-systemd.before=k3s.service,x-systemd.before=k3s-agent.service" in fstab
+    assert "kubelet.service" not in fstab
+    order = vm.ssh("systemctl show -p Before mnt-models.mount").stdout.split("=", 1)[1].split()
+    assert {"k3s.service", "k3s-agent.service"} <= set(order)
+    unit = vm.ssh("systemctl show -p Before gpu-serving-array-models.service").stdout
+    assert "k3s-agent.service" in unit and "k3s.service" in unit
+    assert live_state(vm) == before
+    assert report(run(vm, node["steps"]["50-mount"]).stdout)["result"] == "changed"
+    assert "x-systemd.before=kubelet.service 0 0" in vm.ssh("cat /etc/fstab").stdout
+
+
+def test_mountpoint_change_is_refused_until_the_node_is_drained(vm, node):
+    before = live_state(vm)
+    files = "sha256sum /etc/fstab /etc/systemd/system/gpu-serving-array-models.service; stat -c '%n %Y' /etc/fstab"
+    kept = vm.ssh(files).stdout
+    moved = render_steps(mountpoint="/mnt/models2")["50-mount"]
+    proc = run(vm, moved, check=False)
+    assert proc.returncode == 1
+    assert "Drain the node first" in proc.stderr and "Nothing was changed" in proc.stderr
+    assert vm.ssh(files).stdout == kept
+    assert live_state(vm) == before
+    # Drained: no pod mounts, no readers. Then the move goes through, and back again.
+    vm.ssh(f"systemctl stop {HOLDER}; umount {' '.join(PODS)}")
+    assert report(run(vm, moved).stdout)["result"] == "changed"
+    targets = f"findmnt -rn -o TARGET --source $(readlink -f {MD})"
+    assert vm.ssh(targets).stdout.split() == ["/mnt/models2"]
+    assert report(run(vm, node["steps"]["50-mount"]).stdout)["result"] == "changed"
+    assert vm.ssh(targets).stdout.split() == [MOUNT]
+    assert sha(vm, f"{MOUNT}/model.bin") == before["pod-data"]
+
+
+# ---------------------------------------------------------------------------- runtime (items 2, 6)
+
+CONFIG = "/etc/containerd/config.toml"
+DROPIN = "/etc/containerd/conf.d/99-nvidia.toml"
+SITE_CONFIG = """version = 2
+imports = ["/etc/containerd/site.d/*.toml"]
+
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "registry.example/pause:3.9"
+[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+  SystemdCgroup = true
+[plugins."io.containerd.grpc.v1.cri".registry.mirrors."docker.io"]
+  endpoint = ["https://mirror.example"]
+"""
+
+
+def install_fake_containerd(vm: Vm) -> None:
+    vm.put_file(FAKE_NVIDIA_CTK, "/usr/local/bin/nvidia-ctk", "0755")
+    vm.put_file(FAKE_CONTAINERD, "/usr/local/bin/containerd", "0755")
+    vm.put_file(CONTAINERD_UNIT, "/etc/systemd/system/containerd.service")
+    vm.ssh("systemctl daemon-reload && systemctl start containerd")
+
+
+def fresh_containerd_config(vm: Vm, mode: str) -> None:
+    install_fake_containerd(vm)  # already there after the re-run test; each runtime test also stands alone
+    vm.put_file(SITE_CONFIG, CONFIG, "0600")
+    vm.ssh(f"rm -rf /etc/containerd/conf.d /var/log/fake-nvidia-ctk.log && touch -d 2024-05-01 {CONFIG}"
+           f" && echo {mode} > /etc/fake-nvidia-ctk.mode")
+
+
+def test_runtime_invalid_toml_is_restored_without_restart(vm, node):
+    fresh_containerd_config(vm, "invalid")
+    files = f"sha256sum {CONFIG}; stat -c '%n %Y %a' {CONFIG}"
+    before = vm.ssh(files).stdout
+    invocation = vm.ssh(INVOCATION.format("containerd")).stdout.strip()
+    proc = run(vm, node["steps"]["80-runtime"], check=False)
+    assert proc.returncode == 1
+    assert "containerd cannot load the configuration" in proc.stderr and "restored" in proc.stderr
+    assert vm.ssh(files).stdout == before
+    assert vm.ssh(f"test -e {DROPIN}", check=False).returncode == 1
+    assert vm.ssh(INVOCATION.format("containerd")).stdout.strip() == invocation
+    assert vm.ssh("test -e /run/gpu-serving/containerd-restart-pending", check=False).returncode == 1
+    assert "mirror.example" not in proc.stdout + proc.stderr  # configuration is never printed
+
+
+def test_runtime_keeps_imports_and_reads_big_help(vm, node):
+    fresh_containerd_config(vm, "1.18.0")
+    invocation = vm.ssh(INVOCATION.format("containerd")).stdout.strip()
+    proc = run(vm, node["steps"]["80-runtime"])
+    assert report(proc.stdout)["result"] == "changed"
+    restarted = vm.ssh(INVOCATION.format("containerd")).stdout.strip()
+    assert restarted != invocation
+    # The help text was read whole: the drop-in flag was found.
+    assert f"--drop-in-config={DROPIN}" in vm.ssh("cat /var/log/fake-nvidia-ctk.log").stdout
+    imports = vm.ssh(f"grep '^imports' {CONFIG}").stdout.strip()
+    assert imports == 'imports = ["/etc/containerd/site.d/*.toml", "/etc/containerd/conf.d/*.toml"]'
+    files = f"stat -c '%n %Y' {CONFIG} {DROPIN}; sha256sum {CONFIG} {DROPIN}"
+    before = vm.ssh(files).stdout
+    again = run(vm, node["steps"]["80-runtime"])
+    assert report(again.stdout)["result"] == "unchanged"
+    assert vm.ssh(INVOCATION.format("containerd")).stdout.strip() == restarted
+    assert vm.ssh(files).stdout == before  # the rewrites (toolkit, imports put back) left no trace
+
+
+def test_runtime_names_settings_the_drop_in_overrides(vm, node):
+    fresh_containerd_config(vm, "good")
+    proc = run(vm, node["steps"]["80-runtime"])
+    assert report(proc.stdout)["result"] == "changed"
+    # containerd 1.7 takes the drop-in's CRI section whole: the settings it lacks are named, values not shown.
+    for key in ("SystemdCgroup", "endpoint", "sandbox_image"):
+        assert key in proc.stderr, proc.stderr
+    assert "upgrade containerd to 2.1" in proc.stderr
+    assert "mirror.example" not in proc.stdout + proc.stderr and "registry.example" not in proc.stdout + proc.stderr
+
+
+K3S_GENERATED = "/var/lib/rancher/k3s/agent/etc/containerd/config.toml"
+
+
+@pytest.fixture
+def fake_k3s(vm):
+    """Stand-in k3s server and agent units (neither started), nvidia-container-runtime present."""
+    vm.put_file("#!/bin/sh\nexit 0\n", "/usr/bin/nvidia-container-runtime", "0755")
+    vm.put_file(FAKE_K3S_START, "/usr/local/bin/fake-k3s-start", "0755")
+    vm.put_file(fake_k3s_unit("k3s", "k3s.service"), "/etc/systemd/system/k3s.service")
+    vm.put_file(fake_k3s_unit("k3s", "k3s-agent.service"), "/etc/systemd/system/k3s-agent.service")
+    vm.ssh("rm -f /etc/fake-k3s.detects && systemctl daemon-reload")
+    yield render_steps(runtime="k3s")["80-runtime"]
+    vm.ssh("systemctl stop k3s k3s-agent; rm -rf /etc/systemd/system/k3s*.service /var/lib/rancher /etc/fake-k3s.detects"
+           " /usr/bin/nvidia-container-runtime; systemctl daemon-reload", check=False)
+
+
+def test_k3s_server_is_never_restarted(vm, fake_k3s):
+    vm.ssh("systemctl start k3s")
+    server = vm.ssh(INVOCATION.format("k3s")).stdout.strip()
+    proc = run(vm, fake_k3s, check=False)
+    assert proc.returncode == 1 and "never restarts a server" in proc.stderr, proc.stderr
+    assert vm.ssh(INVOCATION.format("k3s")).stdout.strip() == server
+
+
+def test_k3s_agent_restart_is_checked(vm, fake_k3s):
+    vm.ssh("systemctl start k3s-agent")
+    # The agent restarts but does not pick up the runtime: a clear failure, not "changed".
+    proc = run(vm, fake_k3s, check=False)
+    assert proc.returncode == 1 and f"{K3S_GENERATED} has no nvidia runtime" in proc.stderr, proc.stderr
+    vm.ssh("touch /etc/fake-k3s.detects")
+    assert report(run(vm, fake_k3s).stdout)["result"] == "changed"
+    assert report(run(vm, fake_k3s).stdout)["result"] == "unchanged"
