@@ -3,18 +3,30 @@ set -euo pipefail
 # Step 20, partition: on each member disk, a GPT partition named GS_PART_NAME of GS_PART_BYTES,
 # RAID flag set, in the free space after the disk's last partition (found with
 # `parted -m unit B print free`, start aligned to 1 MiB). An existing partition with that name is
-# recognised and kept as it is (growing is step 70). A disk is labelled GPT only when it is
-# completely blank: never `mklabel` a disk that has partitions or any signature.
+# recognised and kept as it is (growing is step 60). A disk is labelled GPT only when it is
+# completely blank: never `mklabel` a disk that has partitions or any signature. The partition never
+# goes where the other disk has a partition of its own (preflight explains; this is the backstop).
 : "${GS_DISKS:?}" "${GS_PART_NAME:?}" "${GS_PART_BYTES:?}"
 
 need_root
-need_tools parted wipefs partx partprobe udevadm
+need_tools parted wipefs partx partprobe udevadm flock
+node_lock
 settle
-changed=0 parts=()
+changed=0 parts=() others=()
 for disk in "${GS_DISKS[@]}"; do
+  resolve_disk "$disk"
+  scan_disk "$DISK_DEV" "$GS_PART_NAME"
+  others+=("$SCAN_OTHERS")
+done
+i=-1
+for disk in "${GS_DISKS[@]}"; do
+  i=$((i + 1))
   resolve_disk "$disk"
   created=0
   scan_disk "$DISK_DEV" "$GS_PART_NAME"
+  if [[ $SCAN_LABEL == unknown ]] && overlaps "${others[1 - i]}" "$MIB" $((MIB + GS_PART_BYTES - 1)); then
+    die "$disk is blank but ${GS_DISKS[1 - i]} has partition ${OVERLAP%%:*} where ours would go; replicate its table first ('sgdisk -R $DISK_DEV OTHER-DISK', then 'sgdisk -G $DISK_DEV'; see the preflight step)"
+  fi
   if [[ $SCAN_LABEL == unknown ]]; then
     sigs=$(wipefs -n --noheadings --output TYPE -- "$DISK_DEV")
     [[ -z $sigs ]] || die "$disk has no partition table but holds: ${sigs//$'\n'/ }. Not touching it; if that data is disposable run 'wipefs -a $DISK_DEV', otherwise pick another disk"
@@ -31,6 +43,7 @@ for disk in "${GS_DISKS[@]}"; do
     start=$(((TAIL_START + MIB - 1) / MIB * MIB))
     end=$((start + GS_PART_BYTES - 1))
     ((TAIL_START >= 0 && end <= TAIL_END)) || die "$disk has no free region of $GS_PART_BYTES bytes after its last partition; lower storage.sizeGb"
+    ! overlaps "${others[1 - i]}" "$start" "$end" || die "$disk: ${GS_DISKS[1 - i]} has partition ${OVERLAP%%:*} at bytes $start-$end, where ours would go; not creating it (see the preflight step)"
     say "$disk: creating partition $GS_PART_NAME at bytes $start-$end"
     parted -s -a optimal "$DISK_DEV" unit B mkpart "$GS_PART_NAME" "${start}B" "${end}B"
     changed=1 created=1

@@ -38,15 +38,34 @@ json_str() {
   printf -v "$1" '"%s"' "$s"
 }
 
-# resolve_disk PATH: sets DISK_DEV (/dev/sdX) and DISK_BASE (sdX); dies unless PATH is a whole disk.
+# resolve_disk PATH: sets DISK_DEV (/dev/sdX) and DISK_BASE (sdX); dies unless PATH is a plain whole
+# disk: not a partition, not a device-mapper/md/loop device, and not held by anything (multipath,
+# LVM, a whole-disk RAID, dm-crypt), since writing a GPT under a holder corrupts what it holds.
 # shellcheck disable=SC2034  # DISK_* are read by the steps
 resolve_disk() {
-  local path=$1
+  local path=$1 holder holders=""
   [[ -b $path ]] || die "$path is not a block device on this node; check nodes[].storage.disks (stable names: ls -l /dev/disk/by-id)"
   DISK_DEV=$(readlink -f -- "$path")
   DISK_BASE=${DISK_DEV##*/}
   [[ ! -e /sys/class/block/$DISK_BASE/partition ]] || die "$path is a partition ($DISK_DEV); list whole disks in storage.disks, this program creates the partition itself"
+  case $DISK_BASE in
+    dm-* | md* | loop*) die "$path ($DISK_DEV) is a device-mapper, md or loop device, not a plain disk; list the physical disks (ls -l /dev/disk/by-id)" ;;
+  esac
   [[ -d /sys/block/$DISK_BASE ]] || die "$path ($DISK_DEV) is not a whole disk"
+  for holder in /sys/block/"$DISK_BASE"/holders/*; do
+    [[ -e $holder ]] && holders+=" ${holder##*/}"
+  done
+  [[ -z $holders ]] || die "$path ($DISK_DEV) is in use by${holders} (multipath, LVM, a whole-disk RAID or dm-crypt); not touching it. See 'lsblk $DISK_DEV' and list a disk nothing holds"
+}
+
+# node_lock: one step at a time per machine (a second pulumi up, or two nodes[] entries naming the
+# same machine, would otherwise race parted on one GPT). Every step calls it first; the lock is
+# released when the step's shell exits. GS_LOCK_WAIT (seconds, default 600) bounds the wait.
+node_lock() {
+  local lock=/run/lock/gpu-serving.lock wait=${GS_LOCK_WAIT:-600}
+  mkdir -p /run/lock
+  exec 9>>"$lock"
+  flock -w "$wait" 9 || die "another gpu-serving step has held $lock on this node for ${wait}s (a second pulumi up, or two nodes[] entries for this machine); see 'fuser -v $lock', wait for it to finish and run pulumi up again"
 }
 
 # scan_disk DEV NAME: reads DEV's partition table (`parted -m unit B print free`). Sets
@@ -56,12 +75,16 @@ resolve_disk() {
 #   PART_NUM PART_START PART_END PART_FLAGS  the partition named NAME (PART_NUM="" if none)
 #   PART_COUNT   how many partitions are named NAME
 #   AFTER_END    last byte of the free region right after partition NAME (= PART_END if none)
+#   SCAN_OTHERS  "num:start:end:name" of every partition not named NAME (space-separated)
+# Dies with parted's own message when parted fails for any reason but a missing label, and when the
+# GPT's backup header is not at the end of the disk (a grown LUN: parted shows the new space as
+# free, but mkpart then refuses it).
 # shellcheck disable=SC2034  # SCAN_*, TAIL_*, PART_*, AFTER_END are read by the steps
 scan_disk() {
-  local dev=$1 name=$2 out line num start end size fs pname flags free
+  local dev=$1 name=$2 out line num start end size fs pname flags free rc=0 err=""
   local -a frees=()
-  out=$(LC_ALL=C parted -m -s "$dev" unit B print free 2>/dev/null) || true
-  SCAN_LABEL=unknown SCAN_BYTES=0 SCAN_LAST_END=-1 TAIL_START=-1 TAIL_END=-1
+  out=$(LC_ALL=C parted -m -s "$dev" unit B print free 2>&1) || rc=$?
+  SCAN_LABEL=unknown SCAN_BYTES=0 SCAN_LAST_END=-1 TAIL_START=-1 TAIL_END=-1 SCAN_OTHERS=""
   PART_NUM="" PART_START=0 PART_END=0 PART_FLAGS="" PART_COUNT=0 AFTER_END=0
   while IFS= read -r line; do
     line=${line%;}
@@ -72,6 +95,11 @@ scan_disk() {
         SCAN_BYTES=${size%B}
         continue
         ;;
+      [0-9]*:*) ;;
+      *)
+        err+="${err:+ }$line"
+        continue
+        ;;
     esac
     IFS=: read -r num start end size fs pname flags <<<"$line"
     start=${start%B} end=${end%B}
@@ -80,6 +108,7 @@ scan_disk() {
       continue
     fi
     ((end > SCAN_LAST_END)) && SCAN_LAST_END=$end
+    [[ $pname == "$name" ]] || SCAN_OTHERS+="${SCAN_OTHERS:+ }$num:$start:$end:$pname"
     if [[ $pname == "$name" ]]; then
       PART_COUNT=$((PART_COUNT + 1))
       PART_NUM=$num PART_START=$start PART_END=$end PART_FLAGS=$flags
@@ -95,6 +124,29 @@ scan_disk() {
       AFTER_END=$end
     fi
   done
+  if ((rc != 0)) && [[ ! ($SCAN_LABEL == unknown && $err == *"unrecognised disk label"*) ]]; then
+    die "parted cannot read $dev: ${err:-exit $rc}"
+  fi
+  if [[ $err == *"Not all of the space available"* ]]; then
+    die "$dev has grown since its GPT was written: the backup GPT header is not at the end of the disk, so the new space cannot be partitioned yet. Move the backup header with 'sgdisk -e $dev' (it changes nothing else), then run pulumi up again"
+  fi
+  return 0
+}
+
+# overlaps SPANS START END: true when a "num:start:end:name" of SPANS overlaps bytes START-END;
+# OVERLAP is the first one.
+# shellcheck disable=SC2034  # OVERLAP is read by the steps
+overlaps() {
+  local span s e
+  OVERLAP=""
+  for span in $1; do
+    IFS=: read -r _ s e _ <<<"$span"
+    if ((s <= $3 && e >= $2)); then
+      OVERLAP=$span
+      return 0
+    fi
+  done
+  return 1
 }
 
 # part_dev BASE NUM: PART_DEV becomes /dev/<kernel name> of partition NUM of disk BASE ("" if the
@@ -177,6 +229,25 @@ examine() {
   else
     SB_KIND=foreign
   fi
+}
+
+# md_of PART: MD_OF becomes the md device (md127) that holds PART, "" if none.
+# shellcheck disable=SC2034  # MD_OF is read by the steps
+md_of() {
+  local holder
+  MD_OF=""
+  for holder in /sys/class/block/"${1##*/}"/holders/md*; do
+    [[ -e $holder ]] && MD_OF=${holder##*/}
+  done
+  return 0
+}
+
+# block_size BASE: BLOCK_SIZE becomes the logical sector size of disk or partition BASE (sdb, sdb5, md127).
+# shellcheck disable=SC2034  # BLOCK_SIZE is read by the steps
+block_size() {
+  local dir=/sys/class/block/$1
+  [[ -e $dir/queue ]] || dir=$dir/..
+  read -r BLOCK_SIZE <"$dir/queue/logical_block_size"
 }
 
 # mdadm_conf: MDADM_CONF becomes the distro's mdadm.conf path.
