@@ -6,6 +6,8 @@ set -euo pipefail
 # foreign in our partitions, the array name is free or already ours, the mountpoint is free or
 # already ours, and a size change in config only grows. Prints one JSON line; fails with a
 # message that says what to do. Every refusal here comes before any step writes anything.
+# With GS_ADOPT (storage.adopt): the named array must be a running RAID1 of one partition on each
+# disk carrying XFS; those partitions stand for ours, and nothing will be created or formatted.
 : "${GS_DISKS:?}" "${GS_RAID_NAME:?}" "${GS_PART_NAME:?}" "${GS_PART_BYTES:?}" "${GS_MOUNTPOINT:?}"
 
 need_root
@@ -13,6 +15,7 @@ need_tools parted mdadm mkfs.xfs xfs_growfs xfs_info xfs_db blkid wipefs partx p
 node_lock
 settle
 ((${#GS_DISKS[@]} == 2)) || die "a RAID1 needs exactly two disks, got ${#GS_DISKS[@]}"
+[[ -z ${GS_ADOPT:-} ]] || adopt_check
 
 seen=() ids=() report=() uuids=() j=""
 # Per disk, in GS_DISKS order: kernel name, partitions not ours, the state of our partition
@@ -39,6 +42,27 @@ for disk in "${GS_DISKS[@]}"; do
   [[ $sigs != *_raid_member* ]] || die "$disk ($DISK_DEV) is a member of a whole-disk RAID (${sigs//$'\n'/ }); not touching it. See 'mdadm --examine $DISK_DEV' and list other disks"
   scan_disk "$DISK_DEV" "$GS_PART_NAME"
   bases+=("$DISK_BASE") others+=("$SCAN_OTHERS") starts+=(-1) members+=(none)
+  if [[ -n ${GS_ADOPT:-} ]]; then
+    apart=${ADOPT_PARTS[${#bases[@]} - 1]}
+    read -r anum <"/sys/class/block/$apart/partition"
+    [[ $SCAN_LABEL == gpt ]] || die "$disk: adopting $GS_ADOPT needs a GPT disk (partitions are recognised by GPT name); $disk has '$SCAN_LABEL'"
+    [[ -z $PART_NUM || $PART_NUM == "$anum" ]] || die "$disk: partition $PART_NUM is named $GS_PART_NAME, but $GS_ADOPT uses partition $anum; remove the stray name or partition"
+    astart=$PART_START aend=$PART_END
+    if [[ -z $PART_NUM ]]; then
+      for span in $SCAN_OTHERS; do
+        IFS=: read -r num s e _ <<<"$span"
+        [[ $num != "$anum" ]] || astart=$s aend=$e
+      done
+    fi
+    have=$((aend - astart + 1))
+    ((have <= GS_PART_BYTES)) || die "$disk: partition $anum of the adopted $GS_ADOPT is $have bytes, more than storage.sizeGb gives ($GS_PART_BYTES); set storage.sizeGb to at least $(((have + 999999999) / 1000000000)) (XFS cannot shrink)"
+    uuids+=("$ADOPT_UUID")
+    members[-1]=$ADOPT_DEV
+    states+=(adopt)
+    json_str j "$disk"
+    report+=("{\"disk\":$j,\"device\":\"$DISK_DEV\",\"label\":\"gpt\",\"partition\":\"adopt\",\"number\":\"$anum\",\"bytes\":$GS_PART_BYTES}")
+    continue
+  fi
   ((PART_COUNT <= 1)) || die "$disk has $PART_COUNT partitions named $GS_PART_NAME; remove the extra one by hand (parted $DISK_DEV rm N) after checking it holds nothing you need"
   case $SCAN_LABEL in
     gpt) ;;
@@ -115,6 +139,7 @@ for i in 0 1; do
 done
 
 array=absent
+[[ -z ${GS_ADOPT:-} ]] || array=adopt
 if [[ -e /dev/md/$GS_RAID_NAME ]]; then
   md_uuid=""
   while IFS= read -r line; do
@@ -134,6 +159,7 @@ fi
 # The mountpoint: nothing but our array may be mounted there, or be set to mount there at boot.
 md_dev=""
 [[ $array != ours ]] || md_dev=$(readlink -f "/dev/md/$GS_RAID_NAME")
+[[ $array != adopt ]] || md_dev=/dev/$ADOPT_DEV
 current=$(findmnt -n -o SOURCE --mountpoint "$GS_MOUNTPOINT" 2>/dev/null || true)
 if [[ -n $current && $(readlink -f -- "$current") != "$md_dev" ]]; then
   die "$current is mounted at $GS_MOUNTPOINT, not our array; unmount it or choose another storage.mountpoint"
@@ -141,6 +167,10 @@ fi
 if [[ $array != ours && -r /etc/fstab ]]; then
   while read -r source target _; do
     [[ $source != \#* && $target == "$GS_MOUNTPOINT" ]] || continue
+    # The adopted array's own line (by filesystem UUID or device) becomes ours in the mount step.
+    if [[ $array == adopt && ($source == "UUID=$ADOPT_FS_UUID" || $(readlink -f -- "$source") == "$md_dev") ]]; then
+      continue
+    fi
     die "/etc/fstab already mounts $source at $GS_MOUNTPOINT; remove that line or choose another storage.mountpoint"
   done </etc/fstab
 fi

@@ -8,7 +8,9 @@ set -euo pipefail
 #   depend on the hostname);
 # - one ours and one blank (a replaced disk): assemble degraded, then add the blank one, but only
 #   into a degraded array and only with a sector size no larger than the array's;
-# - anything else on a member: refuse and leave it alone.
+# - anything else on a member: refuse and leave it alone;
+# - with GS_ADOPT (an array built by other tooling): it is first recorded under our name
+#   (adopt_record in lib.sh), after which it is ours like one this step built.
 # Then the ARRAY line (by UUID) goes once into the distro's mdadm.conf, and on initramfs-tools
 # distros the initramfs is refreshed when it is older than mdadm.conf, so the array never comes
 # back as md127. Ends with the array health from `mdadm --detail --test`.
@@ -20,6 +22,11 @@ node_lock
 settle
 md=/dev/md/$GS_RAID_NAME
 changed=0 members=() kinds=() uuids=()
+if [[ -n ${GS_ADOPT:-} ]]; then
+  adopt_check
+  adopt_record
+  changed=$ADOPT_CHANGED
+fi
 for disk in "${GS_DISKS[@]}"; do
   resolve_disk "$disk"
   scan_disk "$DISK_DEV" "$GS_PART_NAME"

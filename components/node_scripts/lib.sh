@@ -124,7 +124,8 @@ scan_disk() {
       AFTER_END=$end
     fi
   done
-  if ((rc != 0)) && [[ ! ($SCAN_LABEL == unknown && $err == *"unrecognised disk label"*) ]]; then
+  # parted also reports a damaged table ("Error: The backup GPT table is corrupt ...") with exit 0.
+  if [[ ($rc != 0 || $err == *Error:*) && ! ($SCAN_LABEL == unknown && $err == *"unrecognised disk label"*) ]]; then
     die "parted cannot read $dev: ${err:-exit $rc}"
   fi
   if [[ $err == *"Not all of the space available"* ]]; then
@@ -224,10 +225,122 @@ examine() {
     esac
   done < <(mdadm --examine --export "$part" 2>/dev/null || true)
   SB_DESC="md member of array '$md_name' ($md_level, UUID $md_uuid)"
-  if [[ ${md_name##*:} == "$GS_RAID_NAME" && $md_level == raid1 && -n $md_uuid ]]; then
+  conf_uuid
+  # Ours: built by us (named GS_RAID_NAME), or adopted (mdadm.conf lists it as /dev/md/GS_RAID_NAME).
+  if [[ (${md_name##*:} == "$GS_RAID_NAME" || $md_uuid == "$CONF_UUID") && $md_level == raid1 && -n $md_uuid ]]; then
     SB_KIND=ours SB_UUID=$md_uuid
   else
     SB_KIND=foreign
+  fi
+}
+
+# conf_uuid: CONF_UUID becomes the UUID of the mdadm.conf ARRAY line for /dev/md/GS_RAID_NAME ("" if none).
+conf_uuid() {
+  local word dev rest
+  CONF_UUID=""
+  mdadm_conf
+  [[ -r $MDADM_CONF ]] || return 0
+  while read -r word dev rest; do
+    [[ $word == ARRAY && $dev == "/dev/md/$GS_RAID_NAME" && " $rest " == *" UUID="* ]] || continue
+    CONF_UUID=${rest#*UUID=}
+    CONF_UUID=${CONF_UUID%% *}
+  done <"$MDADM_CONF"
+}
+
+# adopt_check: GS_ADOPT (an array built by other tooling, e.g. the Ansible role's /dev/md1) must be
+# a running two-member RAID1 of one partition on each of GS_DISKS, carrying XFS. Sets ADOPT_DEV
+# (md1), ADOPT_UUID, ADOPT_FS_UUID and ADOPT_PARTS (partition kernel names, in GS_DISKS order).
+# shellcheck disable=SC2034  # ADOPT_* are read by the steps
+adopt_check() {
+  local md=$GS_ADOPT real base level raid_disks state slave s found line all="" fstype=""
+  [[ -b $md ]] || die "storage.adopt: $md is not a block device on this node; check 'cat /proc/mdstat' for the array to adopt"
+  real=$(readlink -f -- "$md")
+  base=${real##*/}
+  [[ -d /sys/block/$base/md ]] || die "storage.adopt: $md ($real) is not an md array"
+  read -r level <"/sys/block/$base/md/level"
+  read -r raid_disks <"/sys/block/$base/md/raid_disks"
+  read -r state <"/sys/block/$base/md/array_state"
+  [[ $level == raid1 && $raid_disks == 2 ]] || die "storage.adopt: $md is $level with $raid_disks members; only a two-member RAID1 can be adopted"
+  [[ $state != inactive && $state != clear ]] || die "storage.adopt: $md is not running ($state); assemble it first ('mdadm --assemble --scan')"
+  for slave in /sys/block/"$base"/slaves/*; do
+    [[ -e $slave ]] && all+=" ${slave##*/}"
+  done
+  ADOPT_PARTS=()
+  for line in "${GS_DISKS[@]}"; do
+    resolve_disk "$line"
+    found=""
+    for s in $all; do
+      [[ -e /sys/class/block/$s/partition && -e /sys/block/$DISK_BASE/$s ]] && found=$s
+    done
+    [[ -n $found ]] || die "storage.adopt: $md has no member on $line (its members:${all:- none}); adopt only an array of one partition on each of storage.disks, and a degraded one only after it is repaired"
+    ADOPT_PARTS+=("$found")
+  done
+  ADOPT_UUID=""
+  while IFS= read -r line; do
+    [[ $line != MD_UUID=* ]] || ADOPT_UUID=${line#MD_UUID=}
+  done < <(mdadm --detail --export "$real")
+  [[ -n $ADOPT_UUID ]] || die "storage.adopt: mdadm shows no UUID for $md"
+  ADOPT_FS_UUID=""
+  while IFS= read -r line; do
+    case $line in
+      TYPE=*) fstype=${line#TYPE=} ;;
+      UUID=*) ADOPT_FS_UUID=${line#UUID=} ;;
+    esac
+  done < <(blkid -p -o export -- "$real" || true)
+  [[ $fstype == xfs ]] || die "storage.adopt: $md carries ${fstype:-no filesystem blkid recognises}, not XFS; only an XFS array can be adopted (grow needs xfs_growfs)"
+  ADOPT_DEV=$base
+}
+
+# adopt_record: the adopted array becomes ours under /dev/md/GS_RAID_NAME, with no downtime: its
+# mdadm.conf ARRAY lines (by UUID) become one line naming /dev/md/GS_RAID_NAME (so every later
+# assembly, at boot too, uses our name), and the running array gets that name now through mdadm's
+# map file and a udev change event. Its superblock name (e.g. host:1) is left as it is. Sets
+# ADOPT_CHANGED=1 when it changed anything.
+# shellcheck disable=SC2034  # ADOPT_CHANGED is read by the steps
+adopt_record() {
+  local want="ARRAY /dev/md/$GS_RAID_NAME metadata=1.2 UUID=$ADOPT_UUID" line word dev rest keep=() have=0 dropped=0 map=/run/mdadm/map
+  ADOPT_CHANGED=0
+  mdadm_conf
+  if [[ -r $MDADM_CONF ]]; then
+    while IFS= read -r line || [[ -n $line ]]; do
+      read -r word dev rest <<<"$line"
+      if [[ $word == ARRAY && " $rest " == *" UUID=$ADOPT_UUID "* ]]; then
+        if [[ $line == "$want" ]] && ((have == 0)); then
+          have=1
+          keep+=("$line")
+        else
+          say "adopting $GS_ADOPT: replacing the $MDADM_CONF line: $line"
+          dropped=1
+        fi
+        continue
+      fi
+      keep+=("$line")
+    done <"$MDADM_CONF"
+  fi
+  if ((have == 0 || dropped)); then
+    ((have == 1)) || keep+=("$want")
+    say "adopting $GS_ADOPT: $MDADM_CONF now says: $want"
+    mkdir -p "${MDADM_CONF%/*}"
+    printf '%s\n' "${keep[@]}" >"$MDADM_CONF.gpu-serving"
+    chmod 644 "$MDADM_CONF.gpu-serving"
+    mv -f "$MDADM_CONF.gpu-serving" "$MDADM_CONF"
+    ADOPT_CHANGED=1
+  fi
+  if [[ $(readlink -f "/dev/md/$GS_RAID_NAME" 2>/dev/null) != "/dev/$ADOPT_DEV" ]]; then
+    [[ ! -e /dev/md/$GS_RAID_NAME ]] || die "/dev/md/$GS_RAID_NAME already names another array; choose another storage.raidName"
+    say "adopting $GS_ADOPT: naming the running array /dev/md/$GS_RAID_NAME"
+    mkdir -p "${map%/*}"
+    touch "$map"
+    keep=()
+    while read -r word rest; do
+      [[ $word == "$ADOPT_DEV" ]] || keep+=("$word $rest")
+    done <"$map"
+    keep+=("$ADOPT_DEV 1.2 $ADOPT_UUID /dev/md/$GS_RAID_NAME")
+    printf '%s\n' "${keep[@]}" >"$map"
+    udevadm trigger --action=change "/dev/$ADOPT_DEV"
+    udevadm settle --timeout=30 || true
+    [[ -b /dev/md/$GS_RAID_NAME ]] || die "udev did not create /dev/md/$GS_RAID_NAME for the adopted $GS_ADOPT; $MDADM_CONF names it, so it appears after a reboot; run pulumi up again then"
+    ADOPT_CHANGED=1
   fi
 }
 
