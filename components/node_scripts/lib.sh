@@ -298,7 +298,7 @@ adopt_check() {
 # ADOPT_CHANGED=1 when it changed anything.
 # shellcheck disable=SC2034  # ADOPT_CHANGED is read by the steps
 adopt_record() {
-  local want="ARRAY /dev/md/$GS_RAID_NAME metadata=1.2 UUID=$ADOPT_UUID" line word dev rest keep=() have=0 dropped=0 map=/run/mdadm/map
+  local want="ARRAY /dev/md/$GS_RAID_NAME metadata=1.2 UUID=$ADOPT_UUID" line word dev rest meta muuid uuid keep=() have=0 dropped=0 map=/run/mdadm/map
   ADOPT_CHANGED=0
   mdadm_conf
   if [[ -r $MDADM_CONF ]]; then
@@ -331,11 +331,20 @@ adopt_record() {
     say "adopting $GS_ADOPT: naming the running array /dev/md/$GS_RAID_NAME"
     mkdir -p "${map%/*}"
     touch "$map"
-    keep=()
-    while read -r word rest; do
-      [[ $word == "$ADOPT_DEV" ]] || keep+=("$word $rest")
+    # The map holds the UUID as mdadm stores it in memory (each 32-bit word byte-swapped against
+    # `mdadm --detail`); mdadm ignores an entry whose UUID does not match. Keep the entry's own.
+    keep=() uuid=""
+    for word in ${ADOPT_UUID//:/ }; do
+      uuid+="${uuid:+:}${word:6:2}${word:4:2}${word:2:2}${word:0:2}"
+    done
+    while read -r word meta muuid rest; do
+      if [[ $word == "$ADOPT_DEV" ]]; then
+        uuid=$muuid
+      else
+        keep+=("$word $meta $muuid $rest")
+      fi
     done <"$map"
-    keep+=("$ADOPT_DEV 1.2 $ADOPT_UUID /dev/md/$GS_RAID_NAME")
+    keep+=("$ADOPT_DEV 1.2 $uuid /dev/md/$GS_RAID_NAME")
     printf '%s\n' "${keep[@]}" >"$map"
     udevadm trigger --action=change "/dev/$ADOPT_DEV"
     udevadm settle --timeout=30 || true

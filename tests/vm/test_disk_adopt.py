@@ -87,7 +87,9 @@ def node(vm: Vm) -> dict[str, Any]:
         f"mkdir -p {MOUNT}; echo \"UUID=$(blkid -s UUID -o value /dev/md1) {MOUNT} xfs defaults,nofail 0 0\" >> /etc/fstab\n"
         f"mdadm --detail --scan | grep /dev/md1 >> {CONF}\n"
         f"mount {MOUNT}; head -c 16M /dev/urandom > {MOUNT}/model.safetensors; sync\n"
+        "while [ $(cat /sys/block/md1/md/sync_action) != idle ]; do sleep 1; done\n"  # the role ran long ago
     )
+    assert vm.ssh("cat /sys/block/md1/md/bitmap/location").stdout.strip() == "none"  # mdadm adds none below 100 GB
     return {
         "disks": disks,
         "data": sha(vm, f"{MOUNT}/model.safetensors"),
@@ -116,6 +118,7 @@ def test_the_roles_array_is_adopted_and_grown_with_its_data(vm: Vm, node: dict[s
         table = vm.ssh(f"parted -m -s {disk} unit B print").stdout
         assert "5:34000000000B:" in table and ":gs-models:" in table, table
     assert reports["60-grow"]["result"] == "changed"
+    assert vm.ssh(f"cat /sys/block/$(basename $(readlink -f {MD}))/md/bitmap/location").stdout.strip() != "none"
     assert reports["70-health"]["usableBytes"] > 1_900_000_000
     assert reports["70-health"]["health"] in ("clean", "resyncing")
 

@@ -327,3 +327,11 @@ def test_an_mbr_disk_is_refused_without_advice_that_breaks_grub(vm: Vm, node: di
     vm.ssh(f"sgdisk -Z {D} >/dev/null; parted -s {D} mklabel msdos && udevadm settle")
     message = refused(vm, steps_for([A, D], size_gb=2), "has a 'msdos' partition table", [A, D])
     assert "GRUB" in message and "Do not convert a boot disk in place" in message
+
+
+def test_a_parted_error_is_reported_not_read_as_no_label(vm: Vm, node: dict[str, Any]) -> None:
+    # A GPT whose backup copy is destroyed: parted says so on stderr (exit 0) and would rewrite it.
+    vm.ssh(f"sgdisk -Z {D} >/dev/null; sgdisk -o -n1:1M:+100M {D} >/dev/null && partprobe {D}; udevadm settle")
+    vm.ssh(f"dd if=/dev/zero of={D} bs=1M seek=4095 count=1 status=none; udevadm settle")
+    message = refused(vm, steps_for([A, D], size_gb=2), "parted cannot read", [A, D])
+    assert "The backup GPT table is corrupt" in message
