@@ -5,7 +5,7 @@ One VM for the module; the tests build on each other in file order:
     disks that are not plain disks -> a blank disk beside OS partitions -> first build with mkfs
     killed midway -> a damaged superblock is not formatted -> grow during a resync -> a new disk
     under a moved kernel name -> a 4Kn replacement -> a stale member and an array under another
-    name with a blank member -> two runs at once -> an MBR disk.
+    name with a blank member -> two runs at once -> an MBR disk -> a parted error.
 
 Disks: a and b (4 GiB, OS-like partitions 1-4 then free space, like the seed's sda/sdb), c (4 GiB,
 4096-byte logical sectors) and d (4 GiB, blank). Steps are the RENDERED scripts, sent as
