@@ -95,6 +95,7 @@ def node(vm: Vm) -> dict[str, Any]:
         "data": sha(vm, f"{MOUNT}/model.safetensors"),
         "fs_uuid": vm.ssh("blkid -s UUID -o value /dev/md1").stdout.strip(),
         "md_uuid": vm.ssh("mdadm --detail --export /dev/md1 | sed -n 's/^MD_UUID=//p'").stdout.strip(),
+        "start": vm.ssh(f"parted -m -s {a} unit B print | grep '^5:' | cut -d: -f2").stdout.strip(),
         "steps": steps_for({"disks": disks, "sizeGb": 2, "raidName": "models", "mountpoint": MOUNT, "adopt": "/dev/md1"}),
     }
 
@@ -113,10 +114,11 @@ def test_the_roles_array_is_adopted_and_grown_with_its_data(vm: Vm, node: dict[s
     assert conf == [f"ARRAY {MD} metadata=1.2 UUID={node['md_uuid']}"]
     fstab = [line for line in vm.ssh("cat /etc/fstab").stdout.splitlines() if MOUNT in line]
     assert len(fstab) == 1 and fstab[0].startswith(f"UUID={node['fs_uuid']} {MOUNT} xfs noatime,nofail"), fstab
-    # The partitions carry our name now, and grew in place from the role's 34 GB start.
+    # The partitions carry our name now, and grew in place from the role's 34 GB start (aligned).
+    assert 34 * 10**9 <= int(node["start"].rstrip("B")) < 34 * 10**9 + 2**20
     for disk in node["disks"]:
         table = vm.ssh(f"parted -m -s {disk} unit B print").stdout
-        assert "5:34000000000B:" in table and ":gs-models:" in table, table
+        assert f"5:{node['start']}:" in table and ":gs-models:" in table, table
     assert reports["60-grow"]["result"] == "changed"
     assert vm.ssh(f"cat /sys/block/$(basename $(readlink -f {MD}))/md/bitmap/location").stdout.strip() != "none"
     assert reports["70-health"]["usableBytes"] > 1_900_000_000
