@@ -56,9 +56,9 @@ RUNTIME_STEP = "80-runtime"
 
 # What each step's script receives: only these parameters can make it run again.
 STEP_PARAMS: dict[str, tuple[str, ...]] = {
-    "10-preflight": ("GS_DISKS", "GS_RAID_NAME", "GS_PART_NAME", "GS_PART_BYTES", "GS_MOUNTPOINT"),
-    "20-partition": ("GS_DISKS", "GS_PART_NAME", "GS_PART_BYTES"),
-    "30-raid": ("GS_DISKS", "GS_RAID_NAME", "GS_PART_NAME"),
+    "10-preflight": ("GS_DISKS", "GS_RAID_NAME", "GS_PART_NAME", "GS_PART_BYTES", "GS_MOUNTPOINT", "GS_ADOPT"),
+    "20-partition": ("GS_DISKS", "GS_PART_NAME", "GS_PART_BYTES", "GS_ADOPT"),
+    "30-raid": ("GS_DISKS", "GS_RAID_NAME", "GS_PART_NAME", "GS_ADOPT"),
     "40-filesystem": ("GS_RAID_NAME",),
     # The runtime names the unit that runs the kubelet: the mount is ordered before it.
     "50-mount": ("GS_RAID_NAME", "GS_MOUNTPOINT", "GS_DEVICE_TIMEOUT", "GS_RUNTIME"),
@@ -113,6 +113,9 @@ def parameters(node: Node, cluster: ClusterConfig) -> dict[str, str | list[str]]
             GS_MOUNTPOINT=storage.mountpoint,
             GS_DEVICE_TIMEOUT=str(storage.device_timeout_seconds),
         )
+        # Only an adopting node gets it, so the scripts of every other node stay as they were.
+        if storage.adopt is not None:
+            params["GS_ADOPT"] = storage.adopt
     return params
 
 
@@ -166,7 +169,7 @@ def steps(node: Node, cluster: ClusterConfig) -> list[Step]:
     result = []
     previous: str | None = None
     for name in names:
-        own = {key: params[key] for key in STEP_PARAMS[name]}
+        own = {key: params[key] for key in STEP_PARAMS[name] if key in params}
         kept = {"GS_STEP": name.split("-", 1)[1]} | {key: params[key] for key in DELETE_PARAMS[name]}
         disk = name in DISK_STEPS
         result.append(

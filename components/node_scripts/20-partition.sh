@@ -3,18 +3,51 @@ set -euo pipefail
 # Step 20, partition: on each member disk, a GPT partition named GS_PART_NAME of GS_PART_BYTES,
 # RAID flag set, in the free space after the disk's last partition (found with
 # `parted -m unit B print free`, start aligned to 1 MiB). An existing partition with that name is
-# recognised and kept as it is (growing is step 70). A disk is labelled GPT only when it is
-# completely blank: never `mklabel` a disk that has partitions or any signature.
+# recognised and kept as it is (growing is step 60). A disk is labelled GPT only when it is
+# completely blank: never `mklabel` a disk that has partitions or any signature. The partition never
+# goes where the other disk has a partition of its own (preflight explains; this is the backstop).
+# With GS_ADOPT, the adopted array's member partitions are given our name instead (a GPT name
+# only: their start, size and data stay as they are).
 : "${GS_DISKS:?}" "${GS_PART_NAME:?}" "${GS_PART_BYTES:?}"
 
 need_root
-need_tools parted wipefs partx partprobe udevadm
+need_tools parted wipefs partx partprobe udevadm flock
+node_lock
 settle
-changed=0 parts=()
+[[ -z ${GS_ADOPT:-} ]] || adopt_check
+changed=0 parts=() others=() plans=()
+# Before any write: where our partition would go on each disk, against the other disk's partitions.
 for disk in "${GS_DISKS[@]}"; do
+  resolve_disk "$disk"
+  scan_disk "$DISK_DEV" "$GS_PART_NAME"
+  others+=("$SCAN_OTHERS")
+  plan=-1
+  if [[ -z $PART_NUM && -z ${GS_ADOPT:-} ]]; then
+    plan=$MIB
+    [[ $SCAN_LABEL == unknown ]] || plan=$(((TAIL_START + MIB - 1) / MIB * MIB))
+    [[ $SCAN_LABEL == unknown ]] || ((TAIL_START >= 0)) || plan=-1 # no room: the main loop says so
+  fi
+  plans+=("$plan")
+done
+for i in 0 1; do
+  ((plans[i] >= 0)) || continue
+  ! overlaps "${others[1 - i]}" "${plans[i]}" $((plans[i] + GS_PART_BYTES - 1)) ||
+    die "${GS_DISKS[i]}: ${GS_DISKS[1 - i]} has partition ${OVERLAP%%:*} where ours would go; not creating it. Replicate the other disk's table first ('sgdisk -R NEW OTHER', then 'sgdisk -G NEW'; see the preflight step)"
+done
+i=-1
+for disk in "${GS_DISKS[@]}"; do
+  i=$((i + 1))
   resolve_disk "$disk"
   created=0
   scan_disk "$DISK_DEV" "$GS_PART_NAME"
+  if [[ -n ${GS_ADOPT:-} && -z $PART_NUM && $SCAN_LABEL == gpt ]]; then
+    read -r anum <"/sys/class/block/${ADOPT_PARTS[i]}/partition"
+    say "$disk: adopting partition $anum of $GS_ADOPT: naming it $GS_PART_NAME"
+    parted -s "$DISK_DEV" name "$anum" "$GS_PART_NAME"
+    changed=1
+    scan_disk "$DISK_DEV" "$GS_PART_NAME"
+    [[ $PART_NUM == "$anum" ]] || die "parted did not name partition $anum of $disk $GS_PART_NAME"
+  fi
   if [[ $SCAN_LABEL == unknown ]]; then
     sigs=$(wipefs -n --noheadings --output TYPE -- "$DISK_DEV")
     [[ -z $sigs ]] || die "$disk has no partition table but holds: ${sigs//$'\n'/ }. Not touching it; if that data is disposable run 'wipefs -a $DISK_DEV', otherwise pick another disk"

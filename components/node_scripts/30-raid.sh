@@ -1,21 +1,32 @@
 #!/usr/bin/env bash
 set -euo pipefail
 # Step 30, raid: the RAID1 /dev/md/GS_RAID_NAME from the two GS_PART_NAME partitions.
-# - members carry our superblock (name GS_RAID_NAME): assemble (or keep the running array);
+# - members carry our superblock (name GS_RAID_NAME): assemble (or keep the running array) from
+#   those members only, with --run (a stale member would otherwise leave the array inactive), and
+#   add the rest afterwards;
 # - both blank: mdadm --create (metadata 1.2, internal bitmap, --homehost=any so the name does not
 #   depend on the hostname);
-# - one ours and one blank (a replaced disk): assemble degraded, then add the blank one;
-# - anything else on a member: refuse and leave it alone.
+# - one ours and one blank (a replaced disk): assemble degraded, then add the blank one, but only
+#   into a degraded array and only with a sector size no larger than the array's;
+# - anything else on a member: refuse and leave it alone;
+# - with GS_ADOPT (an array built by other tooling): it is first recorded under our name
+#   (adopt_record in lib.sh), after which it is ours like one this step built.
 # Then the ARRAY line (by UUID) goes once into the distro's mdadm.conf, and on initramfs-tools
 # distros the initramfs is refreshed when it is older than mdadm.conf, so the array never comes
 # back as md127. Ends with the array health from `mdadm --detail --test`.
 : "${GS_DISKS:?}" "${GS_RAID_NAME:?}" "${GS_PART_NAME:?}"
 
 need_root
-need_tools parted mdadm wipefs udevadm
+need_tools parted mdadm wipefs udevadm flock
+node_lock
 settle
 md=/dev/md/$GS_RAID_NAME
 changed=0 members=() kinds=() uuids=()
+if [[ -n ${GS_ADOPT:-} ]]; then
+  adopt_check
+  adopt_record
+  changed=$ADOPT_CHANGED
+fi
 for disk in "${GS_DISKS[@]}"; do
   resolve_disk "$disk"
   scan_disk "$DISK_DEV" "$GS_PART_NAME"
@@ -31,15 +42,13 @@ if [[ ${kinds[0]}${kinds[1]} == oursours && ${uuids[0]} != "${uuids[1]}" ]]; the
 fi
 uuid=${uuids[0]:-${uuids[1]}}
 
-# md_of PART: MD_OF becomes the md device (md127) that holds PART, "" if none.
-md_of() {
-  local holder
-  MD_OF=""
-  for holder in /sys/class/block/"${1##*/}"/holders/md*; do
-    [[ -e $holder ]] && MD_OF=${holder##*/}
-  done
-  return 0
-}
+ours=()
+for i in 0 1; do
+  [[ ${kinds[i]} != ours ]] || ours+=("${members[i]}")
+done
+# Written when this step creates the array, removed by the filesystem step once XFS is made: the
+# filesystem step formats only an array that has never carried data.
+new_array=/var/lib/gpu-serving/$GS_RAID_NAME.new-array
 
 md_of "${members[0]}"
 active=$MD_OF
@@ -57,26 +66,26 @@ if [[ -n $active ]]; then
     else
       say "our array runs as /dev/$active; re-assembling it as $md"
       mdadm --stop "/dev/$active"
-      mdadm --assemble "$md" "${members[@]}"
+      mdadm --assemble --run "$md" "${ours[@]}"
       changed=1
     fi
   else
     say "$md is active, unchanged"
   fi
-elif [[ ${kinds[0]} == ours && ${kinds[1]} == ours ]]; then
-  say "assembling $md from ${members[*]}"
-  mdadm --assemble "$md" "${members[@]}"
+elif ((${#ours[@]} == 2)); then
+  say "assembling $md from ${ours[*]}"
+  mdadm --assemble --run "$md" "${ours[@]}"
   changed=1
-elif [[ ${kinds[0]} == ours || ${kinds[1]} == ours ]]; then
-  i=0
-  [[ ${kinds[0]} == ours ]] || i=1
-  say "only ${members[i]} carries our array; starting $md degraded"
-  mdadm --assemble --run "$md" "${members[i]}"
+elif ((${#ours[@]} == 1)); then
+  say "only ${ours[0]} carries our array; starting $md degraded"
+  mdadm --assemble --run "$md" "${ours[0]}"
   changed=1
 else
   say "creating RAID1 $md from ${members[*]}"
   mdadm --create "$md" --name="$GS_RAID_NAME" --metadata=1.2 --level=1 --raid-devices=2 \
     --bitmap=internal --homehost=any --run "${members[@]}"
+  mkdir -p "${new_array%/*}"
+  mdadm --detail --export "$md" | sed -n 's/^MD_UUID=//p' >"$new_array"
   changed=1
 fi
 udevadm settle --timeout=30 || true
@@ -88,10 +97,20 @@ uuid=${detail#*MD_UUID=}
 uuid=${uuid%%$'\n'*}
 md_name=${detail#*MD_NAME=}
 md_name=${md_name%%$'\n'*}
+real=$(readlink -f -- "$md")
 for i in 0 1; do
   part=${members[i]}
   md_of "$part"
   [[ -z $MD_OF ]] || continue
+  [[ ${kinds[i]} == none || ${uuids[i]} == "$uuid" ]] || continue
+  # Checked again here (preflight checks first): a spare in a healthy array is a disk that was
+  # meant for something else, and a larger sector size breaks the filesystem at the next assembly.
+  read -r degraded <"/sys/block/${real##*/}/md/degraded"
+  ((degraded > 0)) || die "$part is not in $md, but $md already has all its members active; refusing to add it as a spare. If a kernel name moved, list the disks by /dev/disk/by-id/..."
+  block_size "${part##*/}"
+  part_bs=$BLOCK_SIZE
+  block_size "${real##*/}"
+  ((part_bs <= BLOCK_SIZE)) || die "$part has $part_bs-byte logical sectors, $md has $BLOCK_SIZE-byte ones; adding it would switch the array to $part_bs-byte sectors at the next assembly and XFS would no longer mount. Use a replacement disk with $BLOCK_SIZE-byte sectors"
   if [[ ${kinds[i]} == none ]]; then
     say "adding the blank member $part to $md (a resync follows)"
     mdadm "$md" --add "$part"

@@ -1,12 +1,21 @@
 #!/usr/bin/env bash
 set -euo pipefail
-# Step 40, filesystem: XFS on /dev/md/GS_RAID_NAME, made only when `blkid -p` finds nothing on
-# the array. Never `mkfs.xfs -f`: an existing filesystem of any kind is kept (ours) or refused.
+# Step 40, filesystem: XFS on /dev/md/GS_RAID_NAME. Never `mkfs.xfs -f`, and a filesystem is made
+# only on an array that has never carried data: one the raid step (30) created and whose XFS has
+# not been made yet (it leaves the array's UUID in /var/lib/gpu-serving/<name>.new-array).
+# - XFS found: kept ("unchanged"), unless mkfs.xfs was killed before it finished (sb_inprogress=1,
+#   which libblkid ignores and the kernel refuses to mount): then it is made again.
+# - anything else found, by `blkid -p` or by `wipefs -n` (which also reports signatures with a bad
+#   checksum that blkid rejects, e.g. an XFS v5 superblock with one flipped byte): refused.
+# - nothing found on an array we did not just create (a damaged superblock can hide a whole
+#   filesystem from both): refused, with the commands to look at it.
 : "${GS_RAID_NAME:?}"
 
 need_root
-need_tools blkid mkfs.xfs udevadm
+need_tools blkid wipefs mkfs.xfs xfs_db mdadm udevadm flock
+node_lock
 md=/dev/md/$GS_RAID_NAME
+new_array=/var/lib/gpu-serving/$GS_RAID_NAME.new-array
 [[ -b $md ]] || die "$md does not exist; the raid step (30) must run first"
 
 # probe: FS_TYPE, FS_UUID, PT_TYPE from a low-level probe of the array (no blkid cache).
@@ -24,18 +33,40 @@ probe() {
   done <<<"$out"
 }
 
-probe
-result=unchanged
-if [[ $FS_TYPE == xfs ]]; then
-  say "$md already holds XFS $FS_UUID, unchanged"
-elif [[ -n $FS_TYPE || -n $PT_TYPE ]]; then
-  die "$md holds ${FS_TYPE:-a $PT_TYPE partition table}, not XFS; refusing to format over it. Copy off what you need, then 'wipefs -a $md' and run pulumi up again"
-else
-  say "creating XFS on $md"
+make_xfs() {
   mkfs.xfs -q "$md"
   udevadm settle --timeout=30 || true
   probe
   [[ $FS_TYPE == xfs ]] || die "mkfs.xfs finished but blkid does not see XFS on $md"
+  rm -f -- "$new_array"
+}
+
+probe
+result=unchanged
+if [[ $FS_TYPE == xfs ]]; then
+  inprogress=$(xfs_db -r -c 'sb 0' -c 'p inprogress' "$md" 2>&1) || die "xfs_db cannot read the XFS superblock of $md: $inprogress"
+  if [[ $inprogress == "inprogress = 1" ]]; then
+    # mkfs.xfs clears the flag as its last write; with it set, no mount ever succeeded, so the
+    # array holds nothing but the unfinished filesystem.
+    say "$md holds an XFS that mkfs.xfs never finished (sb_inprogress=1; the kernel refuses to mount it); making it again"
+    wipefs -q -a -t xfs -- "$md"
+    make_xfs
+    result=changed
+  else
+    say "$md already holds XFS $FS_UUID, unchanged"
+    rm -f -- "$new_array"
+  fi
+elif [[ -n $FS_TYPE || -n $PT_TYPE ]]; then
+  die "$md holds ${FS_TYPE:-a $PT_TYPE partition table}, not XFS; refusing to format over it. Copy off what you need, then 'wipefs -a $md' and run pulumi up again"
+else
+  sigs=$(wipefs -n --noheadings --output TYPE,OFFSET -- "$md") || die "wipefs cannot read $md"
+  [[ -z $sigs ]] || die "$md holds signatures that blkid does not accept (${sigs//$'\n'/, }): a damaged filesystem (bad checksum?), not an empty array. Refusing to format it. Check it with 'xfs_repair -n $md' (XFS) and repair it; if it is really disposable, 'wipefs -a $md' and run pulumi up again"
+  uuid=$(mdadm --detail --export "$md" 2>/dev/null | sed -n 's/^MD_UUID=//p')
+  created=""
+  [[ ! -r $new_array ]] || read -r created <"$new_array"
+  [[ -n $uuid && $created == "$uuid" ]] || die "$md shows no filesystem, but it is not an array this program has just created ($new_array does not name UUID ${uuid:-?}); a filesystem whose superblock is damaged looks like this. Refusing to format it. Look first: 'xfs_repair -n $md' finds an XFS by its backup superblocks. If the array is truly empty, 'echo $uuid > $new_array' and run pulumi up again"
+  say "creating XFS on $md"
+  make_xfs
   result=changed
 fi
 printf '{"step":"filesystem","result":"%s","device":"%s","type":"xfs","uuid":"%s"}\n' "$result" "$md" "$FS_UUID"

@@ -14,7 +14,8 @@ set -euo pipefail
 : "${GS_RAID_NAME:?}" "${GS_MOUNTPOINT:?}" "${GS_DEVICE_TIMEOUT:?}" "${GS_RUNTIME:?}"
 
 need_root
-need_tools blkid findmnt mount
+need_tools blkid findmnt mount flock
+node_lock
 md=/dev/md/$GS_RAID_NAME
 [[ -b $md ]] || die "$md does not exist; the raid step (30) must run first"
 real=$(readlink -f -- "$md")

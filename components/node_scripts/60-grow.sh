@@ -2,19 +2,33 @@
 set -euo pipefail
 # Step 60, grow: raising storage.sizeGb grows everything in place, data intact:
 # `parted resizepart` on both members -> `partx -u` -> `mdadm --grow --size=max` (dropping and
-# re-adding the internal bitmap when this mdadm cannot resize with one) -> `xfs_growfs`.
+# re-adding the internal bitmap only when mdadm says the bitmap is in the way) -> `xfs_growfs`.
+# An array without a bitmap (an adopted one, or after an interrupted grow) gets one while idle.
+# md refuses a size change while a resync or recovery runs: then nothing is touched and the step
+# fails with the progress, to be run again later.
 # Each stage looks at the real sizes first, so a run that was cut short converges next time and
 # a run with nothing to do says "unchanged". Shrinking is refused: XFS cannot shrink.
 : "${GS_DISKS:?}" "${GS_RAID_NAME:?}" "${GS_PART_NAME:?}" "${GS_PART_BYTES:?}"
 
 need_root
-need_tools parted partx mdadm xfs_growfs xfs_info findmnt udevadm
+need_tools parted partx mdadm xfs_growfs xfs_info findmnt udevadm flock
+node_lock
 settle
 md=/dev/md/$GS_RAID_NAME
 [[ -b $md ]] || die "$md does not exist; the raid step (30) must run first"
 real=$(readlink -f -- "$md")
 mdbase=${real##*/}
 changed=0 members=()
+
+# require_idle: dies unless the array is idle (no resync, recovery, check or reshape).
+require_idle() {
+  local action done_ total pct=""
+  read -r action <"/sys/block/$mdbase/md/sync_action"
+  [[ $action != idle ]] || return 0
+  read -r done_ _ total <"/sys/block/$mdbase/md/sync_completed" || true
+  [[ ! $done_ =~ ^[0-9]+$ || ! $total =~ ^[0-9]+$ ]] || ((total == 0)) || pct=", $((done_ * 100 / total))%"
+  die "$md: $action in progress$pct — re-run pulumi up later (md refuses a size change until it finishes; watch 'cat /proc/mdstat')"
+}
 
 for disk in "${GS_DISKS[@]}"; do
   resolve_disk "$disk"
@@ -27,6 +41,7 @@ for disk in "${GS_DISKS[@]}"; do
   if ((have < GS_PART_BYTES)); then
     end=$((PART_START + GS_PART_BYTES - 1))
     ((end <= AFTER_END)) || die "$disk: no room to grow partition $PART_NUM to $GS_PART_BYTES bytes (free up to byte $AFTER_END); lower storage.sizeGb"
+    require_idle
     say "$disk: growing partition $PART_NUM from $have to $GS_PART_BYTES bytes"
     # parted asks for confirmation when the partition is in use, even with -s; answer it.
     parted -s "$DISK_DEV" unit B resizepart "$PART_NUM" "${end}B" 2>/dev/null ||
@@ -58,22 +73,37 @@ for member in "${members[@]}"; do
   kib=$(((sectors - offset) / 2))
   ((room < 0 || kib < room)) && room=$kib
 done
+# add_bitmap: an array without a write-intent bitmap (built without one, e.g. by mdadm on a small
+# array, or left so by an interrupted grow) gets it, but md refuses that during a resync: then
+# BITMAP_PENDING=1 and the step fails at its end, after the filesystem has grown.
+BITMAP_PENDING=0
+add_bitmap() {
+  local bitmap action
+  read -r bitmap <"/sys/block/$mdbase/md/bitmap/location"
+  [[ $bitmap == none ]] || return 0
+  read -r action <"/sys/block/$mdbase/md/sync_action"
+  if [[ $action != idle ]]; then
+    BITMAP_PENDING=1
+    return 0
+  fi
+  say "$md has no write-intent bitmap: adding it"
+  mdadm --grow "$md" --bitmap=internal
+  BITMAP_PENDING=0 changed=1
+}
+
 if ((room - component > 1024)); then
+  require_idle
+  add_bitmap
   say "growing $md from $component KiB to the members' size ($room KiB)"
-  if ! mdadm --grow "$md" --size=max 2>/dev/null; then
-    say "this mdadm cannot resize with an internal bitmap: removing it, growing, adding it back"
+  if ! err=$(mdadm --grow "$md" --size=max 2>&1); then
+    [[ $err == *[Bb]itmap* ]] || die "mdadm --grow $md --size=max failed: $err"
+    say "mdadm cannot resize with the internal bitmap ($err): removing it, growing, adding it back"
     mdadm --grow "$md" --bitmap=none
     mdadm --grow "$md" --size=max
-    mdadm --grow "$md" --bitmap=internal
   fi
   changed=1
 fi
-read -r bitmap <"/sys/block/$mdbase/md/bitmap/location"
-if [[ $bitmap == none ]]; then
-  say "$md has no write-intent bitmap (an interrupted grow?): adding it back"
-  mdadm --grow "$md" --bitmap=internal
-  changed=1
-fi
+add_bitmap
 
 # The filesystem, where it is mounted.
 mp=$(findmnt -rn -o TARGET --source "$real" | head -n1 || true)
@@ -92,6 +122,10 @@ if ((md_sectors * 512 - bsize * blocks >= 16 * MIB)); then
   changed=1
 fi
 
+if ((BITMAP_PENDING)); then
+  read -r action <"/sys/block/$mdbase/md/sync_action"
+  die "$md has grown, but md cannot add its write-intent bitmap during the $action that follows (watch 'cat /proc/mdstat'); run pulumi up again when it has finished"
+fi
 result=unchanged
 ((changed == 0)) || result=changed
 size=$(df -B1 --output=size "$mp" | tail -n1)

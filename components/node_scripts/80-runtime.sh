@@ -28,6 +28,8 @@ set -euo pipefail
 : "${GS_RUNTIME:?}" "${GS_SET_AS_DEFAULT:?}"
 
 need_root
+need_tools flock
+node_lock
 
 # sums FILE...: SUMS becomes the sha256 (or "absent") of each file, one line each.
 sums() {

@@ -38,15 +38,34 @@ json_str() {
   printf -v "$1" '"%s"' "$s"
 }
 
-# resolve_disk PATH: sets DISK_DEV (/dev/sdX) and DISK_BASE (sdX); dies unless PATH is a whole disk.
+# resolve_disk PATH: sets DISK_DEV (/dev/sdX) and DISK_BASE (sdX); dies unless PATH is a plain whole
+# disk: not a partition, not a device-mapper/md/loop device, and not held by anything (multipath,
+# LVM, a whole-disk RAID, dm-crypt), since writing a GPT under a holder corrupts what it holds.
 # shellcheck disable=SC2034  # DISK_* are read by the steps
 resolve_disk() {
-  local path=$1
+  local path=$1 holder holders=""
   [[ -b $path ]] || die "$path is not a block device on this node; check nodes[].storage.disks (stable names: ls -l /dev/disk/by-id)"
   DISK_DEV=$(readlink -f -- "$path")
   DISK_BASE=${DISK_DEV##*/}
   [[ ! -e /sys/class/block/$DISK_BASE/partition ]] || die "$path is a partition ($DISK_DEV); list whole disks in storage.disks, this program creates the partition itself"
+  case $DISK_BASE in
+    dm-* | md* | loop*) die "$path ($DISK_DEV) is a device-mapper, md or loop device, not a plain disk; list the physical disks (ls -l /dev/disk/by-id)" ;;
+  esac
   [[ -d /sys/block/$DISK_BASE ]] || die "$path ($DISK_DEV) is not a whole disk"
+  for holder in /sys/block/"$DISK_BASE"/holders/*; do
+    [[ -e $holder ]] && holders+=" ${holder##*/}"
+  done
+  [[ -z $holders ]] || die "$path ($DISK_DEV) is in use by${holders} (multipath, LVM, a whole-disk RAID or dm-crypt); not touching it. See 'lsblk $DISK_DEV' and list a disk nothing holds"
+}
+
+# node_lock: one step at a time per machine (a second pulumi up, or two nodes[] entries naming the
+# same machine, would otherwise race parted on one GPT). Every step calls it first; the lock is
+# released when the step's shell exits. GS_LOCK_WAIT (seconds, default 600) bounds the wait.
+node_lock() {
+  local lock=/run/lock/gpu-serving.lock wait=${GS_LOCK_WAIT:-600}
+  mkdir -p /run/lock
+  exec 9>>"$lock"
+  flock -w "$wait" 9 || die "another gpu-serving step has held $lock on this node for ${wait}s (a second pulumi up, or two nodes[] entries for this machine); see 'fuser -v $lock', wait for it to finish and run pulumi up again"
 }
 
 # scan_disk DEV NAME: reads DEV's partition table (`parted -m unit B print free`). Sets
@@ -56,12 +75,16 @@ resolve_disk() {
 #   PART_NUM PART_START PART_END PART_FLAGS  the partition named NAME (PART_NUM="" if none)
 #   PART_COUNT   how many partitions are named NAME
 #   AFTER_END    last byte of the free region right after partition NAME (= PART_END if none)
+#   SCAN_OTHERS  "num:start:end:name" of every partition not named NAME (space-separated)
+# Dies with parted's own message when parted fails for any reason but a missing label, and when the
+# GPT's backup header is not at the end of the disk (a grown LUN: parted shows the new space as
+# free, but mkpart then refuses it).
 # shellcheck disable=SC2034  # SCAN_*, TAIL_*, PART_*, AFTER_END are read by the steps
 scan_disk() {
-  local dev=$1 name=$2 out line num start end size fs pname flags free
+  local dev=$1 name=$2 out line num start end size fs pname flags free rc=0 err=""
   local -a frees=()
-  out=$(LC_ALL=C parted -m -s "$dev" unit B print free 2>/dev/null) || true
-  SCAN_LABEL=unknown SCAN_BYTES=0 SCAN_LAST_END=-1 TAIL_START=-1 TAIL_END=-1
+  out=$(LC_ALL=C parted -m -s "$dev" unit B print free 2>&1) || rc=$?
+  SCAN_LABEL=unknown SCAN_BYTES=0 SCAN_LAST_END=-1 TAIL_START=-1 TAIL_END=-1 SCAN_OTHERS=""
   PART_NUM="" PART_START=0 PART_END=0 PART_FLAGS="" PART_COUNT=0 AFTER_END=0
   while IFS= read -r line; do
     line=${line%;}
@@ -72,6 +95,11 @@ scan_disk() {
         SCAN_BYTES=${size%B}
         continue
         ;;
+      [0-9]*:*) ;;
+      *)
+        err+="${err:+ }$line"
+        continue
+        ;;
     esac
     IFS=: read -r num start end size fs pname flags <<<"$line"
     start=${start%B} end=${end%B}
@@ -80,6 +108,7 @@ scan_disk() {
       continue
     fi
     ((end > SCAN_LAST_END)) && SCAN_LAST_END=$end
+    [[ $pname == "$name" ]] || SCAN_OTHERS+="${SCAN_OTHERS:+ }$num:$start:$end:$pname"
     if [[ $pname == "$name" ]]; then
       PART_COUNT=$((PART_COUNT + 1))
       PART_NUM=$num PART_START=$start PART_END=$end PART_FLAGS=$flags
@@ -95,6 +124,30 @@ scan_disk() {
       AFTER_END=$end
     fi
   done
+  # parted also reports a damaged table ("Error: The backup GPT table is corrupt ...") with exit 0.
+  if [[ ($rc != 0 || $err == *Error:*) && ! ($SCAN_LABEL == unknown && $err == *"unrecognised disk label"*) ]]; then
+    die "parted cannot read $dev: ${err:-exit $rc}"
+  fi
+  if [[ $err == *"Not all of the space available"* ]]; then
+    die "$dev has grown since its GPT was written: the backup GPT header is not at the end of the disk, so the new space cannot be partitioned yet. Move the backup header with 'sgdisk -e $dev' (it changes nothing else), then run pulumi up again"
+  fi
+  return 0
+}
+
+# overlaps SPANS START END: true when a "num:start:end:name" of SPANS overlaps bytes START-END;
+# OVERLAP is the first one.
+# shellcheck disable=SC2034  # OVERLAP is read by the steps
+overlaps() {
+  local span s e
+  OVERLAP=""
+  for span in $1; do
+    IFS=: read -r _ s e _ <<<"$span"
+    if ((s <= $3 && e >= $2)); then
+      OVERLAP=$span
+      return 0
+    fi
+  done
+  return 1
 }
 
 # part_dev BASE NUM: PART_DEV becomes /dev/<kernel name> of partition NUM of disk BASE ("" if the
@@ -172,11 +225,151 @@ examine() {
     esac
   done < <(mdadm --examine --export "$part" 2>/dev/null || true)
   SB_DESC="md member of array '$md_name' ($md_level, UUID $md_uuid)"
-  if [[ ${md_name##*:} == "$GS_RAID_NAME" && $md_level == raid1 && -n $md_uuid ]]; then
+  conf_uuid
+  # Ours: built by us (named GS_RAID_NAME), or adopted (mdadm.conf lists it as /dev/md/GS_RAID_NAME).
+  if [[ (${md_name##*:} == "$GS_RAID_NAME" || $md_uuid == "$CONF_UUID") && $md_level == raid1 && -n $md_uuid ]]; then
     SB_KIND=ours SB_UUID=$md_uuid
   else
     SB_KIND=foreign
   fi
+}
+
+# conf_uuid: CONF_UUID becomes the UUID of the mdadm.conf ARRAY line for /dev/md/GS_RAID_NAME ("" if none).
+conf_uuid() {
+  local word dev rest
+  CONF_UUID=""
+  mdadm_conf
+  [[ -r $MDADM_CONF ]] || return 0
+  while read -r word dev rest; do
+    [[ $word == ARRAY && $dev == "/dev/md/$GS_RAID_NAME" && " $rest " == *" UUID="* ]] || continue
+    CONF_UUID=${rest#*UUID=}
+    CONF_UUID=${CONF_UUID%% *}
+  done <"$MDADM_CONF"
+}
+
+# adopt_check: GS_ADOPT (an array built by other tooling, e.g. the Ansible role's /dev/md1) must be
+# a running two-member RAID1 of one partition on each of GS_DISKS, carrying XFS. Sets ADOPT_DEV
+# (md1), ADOPT_UUID, ADOPT_FS_UUID and ADOPT_PARTS (partition kernel names, in GS_DISKS order).
+# shellcheck disable=SC2034  # ADOPT_* are read by the steps
+adopt_check() {
+  local md=$GS_ADOPT real base level raid_disks state slave s found line all="" fstype=""
+  [[ -b $md ]] || die "storage.adopt: $md is not a block device on this node; check 'cat /proc/mdstat' for the array to adopt"
+  real=$(readlink -f -- "$md")
+  base=${real##*/}
+  [[ -d /sys/block/$base/md ]] || die "storage.adopt: $md ($real) is not an md array"
+  read -r level <"/sys/block/$base/md/level"
+  read -r raid_disks <"/sys/block/$base/md/raid_disks"
+  read -r state <"/sys/block/$base/md/array_state"
+  [[ $level == raid1 && $raid_disks == 2 ]] || die "storage.adopt: $md is $level with $raid_disks members; only a two-member RAID1 can be adopted"
+  [[ $state != inactive && $state != clear ]] || die "storage.adopt: $md is not running ($state); assemble it first ('mdadm --assemble --scan')"
+  for slave in /sys/block/"$base"/slaves/*; do
+    [[ -e $slave ]] && all+=" ${slave##*/}"
+  done
+  ADOPT_PARTS=()
+  for line in "${GS_DISKS[@]}"; do
+    resolve_disk "$line"
+    found=""
+    for s in $all; do
+      [[ -e /sys/class/block/$s/partition && -e /sys/block/$DISK_BASE/$s ]] && found=$s
+    done
+    [[ -n $found ]] || die "storage.adopt: $md has no member on $line (its members:${all:- none}); adopt only an array of one partition on each of storage.disks, and a degraded one only after it is repaired"
+    ADOPT_PARTS+=("$found")
+  done
+  ADOPT_UUID=""
+  while IFS= read -r line; do
+    [[ $line != MD_UUID=* ]] || ADOPT_UUID=${line#MD_UUID=}
+  done < <(mdadm --detail --export "$real")
+  [[ -n $ADOPT_UUID ]] || die "storage.adopt: mdadm shows no UUID for $md"
+  ADOPT_FS_UUID=""
+  while IFS= read -r line; do
+    case $line in
+      TYPE=*) fstype=${line#TYPE=} ;;
+      UUID=*) ADOPT_FS_UUID=${line#UUID=} ;;
+    esac
+  done < <(blkid -p -o export -- "$real" || true)
+  [[ $fstype == xfs ]] || die "storage.adopt: $md carries ${fstype:-no filesystem blkid recognises}, not XFS; only an XFS array can be adopted (grow needs xfs_growfs)"
+  ADOPT_DEV=$base
+}
+
+# adopt_record: the adopted array becomes ours under /dev/md/GS_RAID_NAME, with no downtime: its
+# mdadm.conf ARRAY lines (by UUID) become one line naming /dev/md/GS_RAID_NAME (so every later
+# assembly, at boot too, uses our name), and the running array gets that name now through mdadm's
+# map file and a udev change event. Its superblock name (e.g. host:1) is left as it is. Sets
+# ADOPT_CHANGED=1 when it changed anything.
+# shellcheck disable=SC2034  # ADOPT_CHANGED is read by the steps
+adopt_record() {
+  local want="ARRAY /dev/md/$GS_RAID_NAME metadata=1.2 UUID=$ADOPT_UUID" line word dev rest meta muuid uuid keep=() have=0 dropped=0 map=/run/mdadm/map
+  ADOPT_CHANGED=0
+  mdadm_conf
+  if [[ -r $MDADM_CONF ]]; then
+    while IFS= read -r line || [[ -n $line ]]; do
+      read -r word dev rest <<<"$line"
+      if [[ $word == ARRAY && " $rest " == *" UUID=$ADOPT_UUID "* ]]; then
+        if [[ $line == "$want" ]] && ((have == 0)); then
+          have=1
+          keep+=("$line")
+        else
+          say "adopting $GS_ADOPT: replacing the $MDADM_CONF line: $line"
+          dropped=1
+        fi
+        continue
+      fi
+      keep+=("$line")
+    done <"$MDADM_CONF"
+  fi
+  if ((have == 0 || dropped)); then
+    ((have == 1)) || keep+=("$want")
+    say "adopting $GS_ADOPT: $MDADM_CONF now says: $want"
+    mkdir -p "${MDADM_CONF%/*}"
+    printf '%s\n' "${keep[@]}" >"$MDADM_CONF.gpu-serving"
+    chmod 644 "$MDADM_CONF.gpu-serving"
+    mv -f "$MDADM_CONF.gpu-serving" "$MDADM_CONF"
+    ADOPT_CHANGED=1
+  fi
+  if [[ $(readlink -f "/dev/md/$GS_RAID_NAME" 2>/dev/null) != "/dev/$ADOPT_DEV" ]]; then
+    [[ ! -e /dev/md/$GS_RAID_NAME ]] || die "/dev/md/$GS_RAID_NAME already names another array; choose another storage.raidName"
+    say "adopting $GS_ADOPT: naming the running array /dev/md/$GS_RAID_NAME"
+    mkdir -p "${map%/*}"
+    touch "$map"
+    # The map holds the UUID as mdadm stores it in memory (each 32-bit word byte-swapped against
+    # `mdadm --detail`); mdadm ignores an entry whose UUID does not match. Keep the entry's own.
+    keep=() uuid=""
+    for word in ${ADOPT_UUID//:/ }; do
+      uuid+="${uuid:+:}${word:6:2}${word:4:2}${word:2:2}${word:0:2}"
+    done
+    while read -r word meta muuid rest; do
+      if [[ $word == "$ADOPT_DEV" ]]; then
+        uuid=$muuid
+      else
+        keep+=("$word $meta $muuid $rest")
+      fi
+    done <"$map"
+    keep+=("$ADOPT_DEV 1.2 $uuid /dev/md/$GS_RAID_NAME")
+    printf '%s\n' "${keep[@]}" >"$map"
+    udevadm trigger --action=change "/dev/$ADOPT_DEV"
+    udevadm settle --timeout=30 || true
+    [[ -b /dev/md/$GS_RAID_NAME ]] || die "udev did not create /dev/md/$GS_RAID_NAME for the adopted $GS_ADOPT; $MDADM_CONF names it, so it appears after a reboot; run pulumi up again then"
+    ADOPT_CHANGED=1
+  fi
+}
+
+# md_of PART: MD_OF becomes the md device (md127) that holds PART, "" if none.
+# shellcheck disable=SC2034  # MD_OF is read by the steps
+md_of() {
+  local holder
+  MD_OF=""
+  for holder in /sys/class/block/"${1##*/}"/holders/md*; do
+    [[ -e $holder ]] && MD_OF=${holder##*/}
+  done
+  return 0
+}
+
+# block_size BASE: BLOCK_SIZE becomes the logical sector size of disk or partition BASE (sdb, sdb5, md127).
+# shellcheck disable=SC2034  # BLOCK_SIZE is read by the steps
+block_size() {
+  local dir=/sys/class/block/$1
+  [[ -e $dir/queue ]] || dir=$dir/..
+  read -r BLOCK_SIZE <"$dir/queue/logical_block_size"
 }
 
 # mdadm_conf: MDADM_CONF becomes the distro's mdadm.conf path.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import posixpath
+import re
 from typing import Literal
 
 from pydantic import Field, field_validator
@@ -21,6 +22,15 @@ class Ssh(_Model):
     """Secret config key holding the SSH private key (PEM/OpenSSH text)."""
     host_key_secret: SecretKeyName | None = None
     """Secret config key holding the node's SSH host public key; unset disables host-key pinning."""
+
+    @field_validator("host")
+    @classmethod
+    def _no_port_in_host(cls, host: str) -> str:
+        # One colon followed by digits is host:port (an IPv6 address has several colons).
+        name, sep, port = host.rpartition(":")
+        if sep and port.isdigit() and ":" not in name:
+            raise ValueError(f"{host!r} includes a port; set the host to {name!r} and the port in `port` (ssh.port: {port})")
+        return host
 
 
 class Gpu(_Model):
@@ -43,6 +53,9 @@ class NodeStorage(_Model):
     """Filesystem made on the array (XFS: grows online)."""
     device_timeout_seconds: int = Field(30, ge=1, le=3600)
     """How long systemd waits for the array at boot before giving up on the (nofail) mount."""
+    adopt: str | None = Field(None, pattern=r"^/dev/md(/[A-Za-z0-9_.:-]+|[0-9]+)$")
+    """An existing RAID1 of these disks carrying XFS (e.g. the Ansible role's `/dev/md1`) to take over, not build:
+    nothing is created or formatted; it is recorded as `/dev/md/<raidName>`. Unset: build the array."""
 
     @field_validator("disks")
     @classmethod
@@ -51,6 +64,14 @@ class NodeStorage(_Model):
             raise ValueError(f"a RAID1 mirror needs exactly 2 disks (or [] for no disk work), got {len(disks)}")
         if len(disks) == 2 and disks[0] == disks[1]:
             raise ValueError(f"the two disks must differ, both are {disks[0]!r}")
+        return disks
+
+    @field_validator("disks")
+    @classmethod
+    def _whole_disks(cls, disks: list[str]) -> list[str]:
+        for disk in disks:
+            if PARTITION.match(disk):
+                raise ValueError(f"{disk!r} is a partition; list whole disks (e.g. /dev/disk/by-id/...), the partition is created on them")
         return disks
 
     @field_validator("mountpoint")
@@ -87,6 +108,9 @@ def size_gb_for(part_bytes: int) -> int:
         size_gb += 1
     return size_gb
 
+
+# Clearly a partition: sda1, vdb2, xvdc3, nvme0n1p1, mmcblk0p1, or a by-id/by-path name ending -partN.
+PARTITION = re.compile(r"^/dev/((s|v|h|xv)d[a-z]+[0-9]+|(nvme[0-9]+n[0-9]+|mmcblk[0-9]+)p[0-9]+|disk/by-[a-z]+/.+-part[0-9]+)$")
 
 SYSTEM_DIRS = frozenset(
     ["/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib64", "/mnt", "/opt", "/proc", "/root",

@@ -49,17 +49,20 @@ class StackConfig(_Model):
                 )
 
     def _check_same_host_collisions(self) -> None:
-        # Two node entries may point at one machine (e.g. a lab VM); their arrays and mounts must not meet.
-        seen: dict[tuple[str, str, str], int] = {}
+        # Two node entries with the same SSH host and port reach one machine (e.g. a lab VM); their
+        # arrays and mounts must not meet. The same host on another port is another machine (a
+        # port-forwarding jump host or NAT in front of several nodes).
+        seen: dict[tuple[str, int, str, str], int] = {}
         for i, node in enumerate(self.nodes):
             if node.storage is None or not node.prepares_disks:
                 continue
             claims = [("raidName", node.storage.raid_name), ("mountpoint", node.storage.mountpoint)]
             claims += [("disks", disk) for disk in node.storage.disks]
             for key, value in claims:
-                other = seen.setdefault((node.ssh.host, key, value), i)
+                other = seen.setdefault((node.ssh.host.lower(), node.ssh.port, key, value), i)
                 if other != i:
-                    raise _at(f"nodes[{i}].storage.{key}", f"{value!r} is already used by nodes[{other}] on host {node.ssh.host}")
+                    where = f"{node.ssh.host} port {node.ssh.port}"
+                    raise _at(f"nodes[{i}].storage.{key}", f"{value!r} is already used by nodes[{other}] on the same machine ({where})")
 
     def _check_storage_node(self) -> None:
         storage = self.model_storage

@@ -202,6 +202,8 @@ class Vm:
         memory_mib: int = 1024,
         cpus: int = 2,
         boot_timeout: float = 180,
+        sector_sizes: Mapping[str, int] | None = None,
+        nvme: Iterable[str] = (),
     ) -> None:
         self.workdir = Path(workdir).resolve()
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -214,6 +216,13 @@ class Vm:
             self.disks[name] = int(size)
         if len(self.disks) > 24:
             raise ValueError("at most 24 extra disks")
+        # Logical (= physical) sector size per disk, e.g. {"gs-disk-c": 4096} for a 4Kn disk.
+        self.sector_sizes: dict[str, int] = dict(sector_sizes or {})
+        # Disks attached as NVMe controllers (guest names nvme0n1, partitions nvme0n1p1) instead of virtio.
+        self.nvme: frozenset[str] = frozenset(nvme)
+        for name in [*self.sector_sizes, *self.nvme]:
+            if name not in self.disks:
+                raise KeyError(f"no disk {name!r}; have {sorted(self.disks)}")
         self.image = Path(image) if image else None
         self.memory_mib = memory_mib
         self.cpus = cpus
@@ -282,6 +291,12 @@ class Vm:
         """Guest path of extra disk ``name``: ``/dev/disk/by-id/virtio-<name>``."""
         return f"/dev/disk/by-id/virtio-{name}"
 
+    def disk_id(self, name: str) -> str:
+        """Guest by-id path of extra disk ``name`` for its bus (NVMe: ``nvme-QEMU_NVMe_Ctrl_<name>``)."""
+        if name in self.nvme:
+            return f"/dev/disk/by-id/nvme-QEMU_NVMe_Ctrl_{name}"
+        return self.by_id(name)
+
     # ---- lifecycle --------------------------------------------------------
 
     def _prepare_files(self) -> None:
@@ -323,10 +338,15 @@ class Vm:
         ]  # fmt: skip
         slots = {n: 5 + i for i, n in enumerate(self.disks)}
         for name in attach:
+            model = "nvme" if name in self.nvme else "virtio-blk-pci"
+            device = f"{model},drive=d-{name},serial={name},addr={slots[name]:#x}"
+            if name in self.sector_sizes:
+                size = self.sector_sizes[name]
+                device += f",logical_block_size={size},physical_block_size={size}"
             argv += [
                 "-drive",
                 f"file={self.disk_path(name)},if=none,id=d-{name},format=raw,cache=unsafe",
-                "-device", f"virtio-blk-pci,drive=d-{name},serial={name},addr={slots[name]:#x}",
+                "-device", device,
             ]  # fmt: skip
         argv += [
             # restrict=on: the guest reaches nothing (not the host, not outside);
@@ -620,7 +640,7 @@ class Vm:
     def checksum_disk(self, name: str, regions: Iterable[tuple[int, int]] = ((0, MiB), (-MiB, MiB))) -> dict[tuple[int, int], str]:
         """:func:`checksum_regions` of extra disk ``name``. Flushes the guest first if running."""
         if self.running:
-            self.ssh("sync; blockdev --flushbufs /dev/vd? 2>/dev/null; true")
+            self.ssh("sync; blockdev --flushbufs /dev/vd? /dev/nvme?n? 2>/dev/null; true")
         return checksum_regions(self.disk_path(name), regions)
 
 

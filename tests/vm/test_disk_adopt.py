@@ -1,0 +1,154 @@
+"""Adopting the array the Ansible role built, on NVMe disks larger than 2 TiB (issue 13, item 11).
+
+One VM with two 3 TiB sparse NVMe disks (guest names nvme0n1/nvme1n1, partitions `p`-suffixed). In
+file order:
+
+    the role's exact layout (OS partitions, partition 5 at the role's fixed 34 GB start, RAID1
+    /dev/md1, XFS, its fstab and mdadm.conf lines, data) -> adopted with storage.adopt and grown:
+    nothing created or formatted, data kept, one fstab and one ARRAY line -> a second run changes
+    nothing -> a reboot brings it back as /dev/md/models, mounted -> a second array built by us
+    past the 2 TiB mark of the same disks.
+
+Skipped unless GS_VM_TESTS=1 (tests/vm/conftest.py).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from harness import GiB, Vm
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from tools.render import run_program  # noqa: E402
+
+NAMES = ("gs-nvme-a", "gs-nvme-b")
+MOUNT = "/mnt/ollama-models"
+MD = "/dev/md/models"
+CONF = "/etc/mdadm/mdadm.conf"
+ORDER = ["10-preflight", "20-partition", "30-raid", "40-filesystem", "50-mount", "60-grow", "70-health"]
+OS_TABLE = "-n1:1M:+32M -c1:efi -t1:ef00 -n2:33M:+64M -c2:boot -n3:97M:+64M -c3:swap -t3:8200 -n4:161M:+128M -c4:root"
+
+
+def steps_for(storage: dict[str, Any]) -> dict[str, str]:
+    import yaml
+
+    nodes = yaml.safe_load((ROOT / "Pulumi.prod.yaml").read_text())["config"]["gpu-serving:nodes"]
+    nodes[0]["storage"] = storage
+    render = run_program("prod", overrides={"gpu-serving:nodes": json.dumps(nodes), "gpu-serving:models": "[]"})
+    return {c.name.split(":", 1)[1]: c.inputs["create"] for c in render.of_type("command:remote:Command")}
+
+
+def up(vm: Vm, steps: dict[str, str]) -> dict[str, dict[str, Any]]:
+    reports = {}
+    for name in ORDER:
+        result = vm.ssh(steps[name], check=False, timeout=900)
+        assert result.returncode == 0, (name, result.stdout, result.stderr)
+        reports[name] = json.loads([line for line in result.stdout.splitlines() if line.startswith("{")][-1])
+    return reports
+
+
+def sha(vm: Vm, path: str) -> str:
+    return vm.ssh(f"sha256sum {path}").stdout.split()[0]
+
+
+@pytest.fixture(scope="module")
+def vm(vm_image: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Vm]:
+    machine = Vm(tmp_path_factory.mktemp("vm"), [(n, 3 * 1024 * GiB) for n in NAMES], image=vm_image, nvme=NAMES)
+    try:
+        machine.start()
+        yield machine
+    finally:
+        machine.stop()
+        for p in [machine.root_disk, *(machine.disk_path(n) for n in machine.disks)]:
+            p.unlink(missing_ok=True)
+
+
+@pytest.fixture(scope="module")
+def node(vm: Vm) -> dict[str, Any]:
+    disks = [vm.disk_id(n) for n in NAMES]
+    a, b = disks
+    # roles/gpu_model_storage, as it ran on k8s-worker-02: partition 5 from 34GB (parted's decimal
+    # units) of gpu_model_storage_partition_size_gb (1 here), mdadm --create /dev/md1, mkfs.xfs,
+    # ansible.posix.mount by UUID with nofail, `mdadm --detail --scan` appended to mdadm.conf.
+    vm.run_script(
+        "set -euo pipefail\n"
+        f"for d in {a} {b}; do sgdisk {OS_TABLE} $d >/dev/null; parted -s -a optimal $d mkpart primary 34GB 35GB; done\n"
+        f"partprobe {a} {b}; udevadm settle\n"
+        f"mdadm --create /dev/md1 --level=1 --raid-devices=2 --metadata=1.2 --run {a}-part5 {b}-part5\n"
+        "mkfs.xfs -q /dev/md1; udevadm settle\n"
+        f"mkdir -p {MOUNT}; echo \"UUID=$(blkid -s UUID -o value /dev/md1) {MOUNT} xfs defaults,nofail 0 0\" >> /etc/fstab\n"
+        f"mdadm --detail --scan | grep /dev/md1 >> {CONF}\n"
+        f"mount {MOUNT}; head -c 16M /dev/urandom > {MOUNT}/model.safetensors; sync\n"
+        "while [ $(cat /sys/block/md1/md/sync_action) != idle ]; do sleep 1; done\n"  # the role ran long ago
+    )
+    assert vm.ssh("cat /sys/block/md1/md/bitmap/location").stdout.strip() == "none"  # mdadm adds none below 100 GB
+    return {
+        "disks": disks,
+        "data": sha(vm, f"{MOUNT}/model.safetensors"),
+        "fs_uuid": vm.ssh("blkid -s UUID -o value /dev/md1").stdout.strip(),
+        "md_uuid": vm.ssh("mdadm --detail --export /dev/md1 | sed -n 's/^MD_UUID=//p'").stdout.strip(),
+        "start": vm.ssh(f"parted -m -s {a} unit B print | grep '^5:' | cut -d: -f2").stdout.strip(),
+        "steps": steps_for({"disks": disks, "sizeGb": 2, "raidName": "models", "mountpoint": MOUNT, "adopt": "/dev/md1"}),
+    }
+
+
+def test_the_roles_array_is_adopted_and_grown_with_its_data(vm: Vm, node: dict[str, Any]) -> None:
+    reports = up(vm, node["steps"])
+    assert [d["partition"] for d in reports["10-preflight"]["disks"]] == ["adopt", "adopt"]
+    assert reports["40-filesystem"]["result"] == "unchanged"
+    assert reports["40-filesystem"]["uuid"] == node["fs_uuid"]  # not formatted
+    assert reports["30-raid"]["uuid"] == node["md_uuid"]
+    assert sorted(reports["30-raid"]["members"]) == ["/dev/nvme0n1p5", "/dev/nvme1n1p5"]
+    assert vm.ssh(f"readlink -f {MD}").stdout.strip() == vm.ssh("readlink -f /dev/md1").stdout.strip()
+    assert sha(vm, f"{MOUNT}/model.safetensors") == node["data"]
+    # One ARRAY line (ours, by UUID) and one fstab line for the mountpoint (ours), no duplicates.
+    conf = [line for line in vm.ssh(f"cat {CONF}").stdout.splitlines() if line.startswith("ARRAY")]
+    assert conf == [f"ARRAY {MD} metadata=1.2 UUID={node['md_uuid']}"]
+    fstab = [line for line in vm.ssh("cat /etc/fstab").stdout.splitlines() if MOUNT in line]
+    assert len(fstab) == 1 and fstab[0].startswith(f"UUID={node['fs_uuid']} {MOUNT} xfs noatime,nofail"), fstab
+    # The partitions carry our name now, and grew in place from the role's 34 GB start (aligned).
+    assert 34 * 10**9 <= int(node["start"].rstrip("B")) < 34 * 10**9 + 2**20
+    for disk in node["disks"]:
+        table = vm.ssh(f"parted -m -s {disk} unit B print").stdout
+        assert f"5:{node['start']}:" in table and ":gs-models:" in table, table
+    assert reports["60-grow"]["result"] == "changed"
+    assert vm.ssh(f"cat /sys/block/$(basename $(readlink -f {MD}))/md/bitmap/location").stdout.strip() != "none"
+    assert reports["70-health"]["usableBytes"] > 1_900_000_000
+    assert reports["70-health"]["health"] in ("clean", "resyncing")
+
+
+def test_a_second_run_changes_nothing(vm: Vm, node: dict[str, Any]) -> None:
+    vm.ssh(f"while [ $(cat /sys/block/$(basename $(readlink -f {MD}))/md/sync_action) != idle ]; do sleep 1; done", timeout=900)
+    reports = up(vm, node["steps"])
+    assert {name: r["result"] for name, r in reports.items()} == dict.fromkeys(ORDER, "unchanged")
+
+
+def test_after_a_reboot_it_is_our_array_by_name(vm: Vm, node: dict[str, Any]) -> None:
+    vm.reboot()
+    assert vm.ssh(f"findmnt -n -o SOURCE {MOUNT}").stdout.strip() == vm.ssh(f"readlink -f {MD}").stdout.strip()
+    assert sha(vm, f"{MOUNT}/model.safetensors") == node["data"]
+    reports = up(vm, node["steps"])
+    assert {name: r["result"] for name, r in reports.items()} == dict.fromkeys(ORDER, "unchanged")
+
+
+def test_a_second_array_past_2_tib_on_the_same_disks(vm: Vm, node: dict[str, Any]) -> None:
+    # A filler partition (no data) up to 2.2 TB: the next partition starts past the 2 TiB mark.
+    for disk in node["disks"]:
+        vm.ssh(f"parted -s -a optimal {disk} mkpart filler 36GB 2200GB && udevadm settle")
+    steps = steps_for({"disks": node["disks"], "sizeGb": 1, "raidName": "big", "mountpoint": "/mnt/big"})
+    reports = up(vm, steps)
+    assert sorted(reports["30-raid"]["members"]) == ["/dev/nvme0n1p7", "/dev/nvme1n1p7"]
+    for disk in node["disks"]:
+        start = vm.ssh(f"parted -m -s {disk} unit B print | grep ':gs-big:' | cut -d: -f2").stdout.strip()
+        assert int(start.rstrip("B")) > 2 * 1024**4
+    assert reports["40-filesystem"]["result"] == "changed"
+    assert vm.ssh("findmnt -n -o FSTYPE /mnt/big").stdout.strip() == "xfs"
+    assert sha(vm, f"{MOUNT}/model.safetensors") == node["data"]
