@@ -171,6 +171,10 @@ def unified(old: dict[str, str], new: dict[str, str], label: str) -> str:
     return "".join(chunks)
 
 
+COUNTED = ("Kubernetes objects", "node steps", "other resources")
+"""Rows of the summary table at the top, which the last line repeats."""
+
+
 def report(old: Snapshot, new: Snapshot, base: str, stack: str, note: str = "") -> tuple[str, bool]:
     objects = compare(old.objects, new.objects)
     steps = compare(node_steps(old), node_steps(new))
@@ -184,7 +188,7 @@ def report(old: Snapshot, new: Snapshot, base: str, stack: str, note: str = "") 
     if not differs:
         return "\n".join([*lines, "No change: `pulumi up` would do nothing.", ""]), False
     lines += ["| | added | changed | removed |", "|---|---|---|---|"]
-    for title, change in (("Kubernetes objects", objects), ("node steps", steps), ("other resources", others)):
+    for title, change in zip(COUNTED, (objects, steps, others), strict=True):
         lines.append(f"| {title} | {len(change.added)} | {len(change.changed)} | {len(change.removed)} |")
     lines.append("")
     for title, change in (("Kubernetes objects", objects), ("node steps", steps), ("other resources", others)):
@@ -216,10 +220,12 @@ def summary(text: str, differs: bool, base: str, stack: str) -> str:
     """One line for the end of the output, where the table at the top has scrolled away."""
     if not differs:
         return f"diff {stack}: no change against {base}"
-    counts = [line for line in text.splitlines() if line.startswith("| ") and not line.startswith("| |")]
     parts = []
-    for row in counts:
-        title, added, changed, removed = (cell.strip() for cell in row.strip("|").split("|"))
+    for row in text.splitlines():
+        cells = [cell.strip() for cell in row.strip("|").split("|")]
+        if not row.startswith("| ") or len(cells) != 4 or cells[0] not in COUNTED:
+            continue  # another table (the per-node re-runs) or not a table row
+        title, added, changed, removed = cells
         if (added, changed, removed) != ("0", "0", "0"):
             parts.append(f"{title} +{added} ~{changed} -{removed}")
     return f"diff {stack}: differs from {base} ({'; '.join(parts) or 'node scripts'}); the report is above"
