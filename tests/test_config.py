@@ -46,7 +46,7 @@ def test_prod_config_loads_with_the_seed_values() -> None:
     node = stack.nodes[0]
     assert node.name == "k8s-worker-02"
     assert node.storage is not None
-    assert node.storage.disks == ["/dev/sda", "/dev/sdb"]
+    assert node.storage.disks == ["/dev/disk/by-id/wwn-0x5000c500a1b2c3d4", "/dev/disk/by-id/wwn-0x5000c500a1b2c3d5"]
     assert node.storage.size_gb == 1000
     assert node.storage.mountpoint == "/mnt/ollama-models"
     assert node.storage.device == "/dev/md/models"

@@ -208,7 +208,8 @@ NFS = {"type": "nfs", "server": "nas.lan", "path": "/export/models", "sizeGi": 5
 def test_shared_storage_warns_about_node_disks_nothing_uses(render) -> None:  # type: ignore[no-untyped-def]
     result = render(modelStorage=NFS)
     assert (
-        "nodes[0].storage.disks: k8s-worker-02 partitions, mirrors and mounts /dev/sda and /dev/sdb at /mnt/ollama-models "
+        "nodes[0].storage.disks: k8s-worker-02 partitions, mirrors and mounts "
+        "/dev/disk/by-id/wwn-0x5000c500a1b2c3d4 and /dev/disk/by-id/wwn-0x5000c500a1b2c3d5 at /mnt/ollama-models "
         "but nothing uses that array (modelStorage.type is nfs); set `storage.disks: []` to skip its disk steps"
     ) in result.warnings
     # Warned, not skipped: the steps still run as the config says.

@@ -25,6 +25,7 @@ SCRIPTS = ROOT / "components" / "node_scripts"
 SHELLCHECK = shutil.which("shellcheck") or str(Path(sys.executable).parent / "shellcheck")
 COMMAND = "command:remote:Command"
 NODE = "k8s-worker-02"
+PROD_DISKS = ["/dev/disk/by-id/wwn-0x5000c500a1b2c3d4", "/dev/disk/by-id/wwn-0x5000c500a1b2c3d5"]
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -83,7 +84,7 @@ def test_parameters_come_first_and_quoted(prod):
     create = commands(prod)["20-partition"].inputs["create"]
     lines = create.splitlines()
     assert lines[:2] == ["#!/usr/bin/env bash", "set -euo pipefail"]
-    assert lines[3:6] == ["GS_DISKS=(/dev/sda /dev/sdb)", "GS_PART_NAME=gs-models", "GS_PART_BYTES=999999668224"]
+    assert lines[3:6] == [f"GS_DISKS=({PROD_DISKS[0]} {PROD_DISKS[1]})", "GS_PART_NAME=gs-models", "GS_PART_BYTES=999999668224"]
     body = create.split("# ---- 20-partition.sh\n", 1)[1]
     assert body == (SCRIPTS / "20-partition.sh").read_text().split("set -euo pipefail\n", 1)[1]
 
@@ -363,7 +364,7 @@ def test_outputs_under_mocks_say_unknown(prod):
     out = prod.outputs["nodes"][NODE]
     assert out == {
         "arrayDevice": "/dev/md/models",
-        "disks": ["/dev/sda", "/dev/sdb"],
+        "disks": PROD_DISKS,
         "partitionBytes": gpunode.UNKNOWN,
         "arrayUuid": gpunode.UNKNOWN,
         "filesystemUuid": gpunode.UNKNOWN,
@@ -457,7 +458,7 @@ GROW = {"step": "grow", "result": "changed", "device": "/dev/md/models", "partit
 def deployed(**node_outputs: Any) -> dict[str, Any]:
     """Stack outputs as the last `pulumi up` of prod would have left them."""
     prod_outputs = {
-        "arrayDevice": "/dev/md/models", "disks": ["/dev/sda", "/dev/sdb"], "partitionBytes": partition_bytes(1000),
+        "arrayDevice": "/dev/md/models", "disks": PROD_DISKS, "partitionBytes": partition_bytes(1000),
         "arrayUuid": "a:b:c:d", "filesystemUuid": "f-u", "mountpoint": "/mnt/ollama-models",
         "usableBytes": 979_000_000_000, "health": "clean",
     }  # fmt: skip
@@ -475,7 +476,7 @@ def test_partition_bytes_output_comes_from_the_grow_report():
     node = parse(parse_raw()).nodes[0]
     out = gpunode.storage_outputs(json.dumps(HEALTH), "grew\n" + json.dumps(GROW), node)
     assert out["partitionBytes"] == partition_bytes(1000)
-    assert out["disks"] == ["/dev/sda", "/dev/sdb"]
+    assert out["disks"] == PROD_DISKS
     assert gpunode.storage_outputs(json.dumps(HEALTH), None, node)["partitionBytes"] == gpunode.UNKNOWN
 
 
@@ -493,7 +494,7 @@ def test_one_replaced_disk_still_counts_as_the_same_array():
     from tools.render import RenderError
 
     with pytest.raises(RenderError, match="would shrink"):
-        render_sized(999, deployed(disks=["/dev/sda", "/dev/sdc"]))
+        render_sized(999, deployed(disks=[PROD_DISKS[0], "/dev/disk/by-id/wwn-0x5000c500a1b2c3d6"]))
 
 
 @pytest.mark.parametrize(

@@ -42,6 +42,7 @@ FORMATS = {
     r"^[0-9]+(Ki|Mi|Gi|Ti)$": "a memory quantity in Ki, Mi, Gi or Ti, e.g. 16Gi",
     r"^[A-Za-z0-9.:_-]+$": "a host name or IP address, e.g. k8s-worker-02 or 10.0.0.2",
     r"^[a-z_][a-z0-9_-]{0,31}$": "a Linux user name, e.g. root",
+    r"^/dev/md(/[A-Za-z0-9_.:-]+|[0-9]+)$": "an md array device, e.g. /dev/md1 or /dev/md/models",
     LABEL_KEY: "a label key, optionally with a DNS prefix, e.g. release or app.kubernetes.io/part-of",
     r"^https?://[A-Za-z0-9.:_\[\]-]+(/[A-Za-z0-9._~/%?=&-]*)?$":
         "an http(s) URL of the auth service, e.g. http://oauth2-proxy.auth.svc/oauth2/auth",
