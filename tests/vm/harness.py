@@ -204,6 +204,7 @@ class Vm:
         boot_timeout: float = 180,
         sector_sizes: Mapping[str, int] | None = None,
         nvme: Iterable[str] = (),
+        serials: Mapping[str, str] | None = None,
     ) -> None:
         self.workdir = Path(workdir).resolve()
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -220,7 +221,13 @@ class Vm:
         self.sector_sizes: dict[str, int] = dict(sector_sizes or {})
         # Disks attached as NVMe controllers (guest names nvme0n1, partitions nvme0n1p1) instead of virtio.
         self.nvme: frozenset[str] = frozenset(nvme)
-        for name in [*self.sector_sizes, *self.nvme]:
+        # The serial a disk reports, when not its name: two disks with one serial stand for one LUN
+        # seen through two paths (by-id links then name only one of them: use kernel names).
+        self.serials: dict[str, str] = dict(serials or {})
+        for serial in self.serials.values():
+            if not _SERIAL_RE.match(serial):
+                raise ValueError(f"serial {serial!r}: use at most 20 chars of [A-Za-z0-9_.-]")
+        for name in [*self.sector_sizes, *self.nvme, *self.serials]:
             if name not in self.disks:
                 raise KeyError(f"no disk {name!r}; have {sorted(self.disks)}")
         self.image = Path(image) if image else None
@@ -339,7 +346,7 @@ class Vm:
         slots = {n: 5 + i for i, n in enumerate(self.disks)}
         for name in attach:
             model = "nvme" if name in self.nvme else "virtio-blk-pci"
-            device = f"{model},drive=d-{name},serial={name},addr={slots[name]:#x}"
+            device = f"{model},drive=d-{name},serial={self.serials.get(name, name)},addr={slots[name]:#x}"
             if name in self.sector_sizes:
                 size = self.sector_sizes[name]
                 device += f",logical_block_size={size},physical_block_size={size}"
