@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from harness import DEFAULT_DISKS, Vm, ensure_image
+from harness import DEFAULT_DISKS, Vm, discard, ensure_image, running
 
 HERE = Path(__file__).resolve().parent
 VM_TESTS_ENABLED = os.environ.get("GS_VM_TESTS") == "1"
@@ -38,14 +38,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
-def _discard(vm: Vm) -> None:
-    vm.stop()
-    if os.environ.get("GS_VM_KEEP") == "1":
-        return
-    for p in [vm.root_disk, *(vm.disk_path(n) for n in vm.disks)]:
-        p.unlink(missing_ok=True)
-
-
 @pytest.fixture(scope="session")
 def vm_image() -> Path:
     missing = [t for t in ("qemu-system-x86_64", "qemu-img", "ssh", "debootstrap") if not shutil.which(t)]
@@ -58,12 +50,8 @@ def vm_image() -> Path:
 
 
 def _running(workdir: Path, image: Path) -> Iterator[Vm]:
-    machine = Vm(workdir, DEFAULT_DISKS, image=image)
-    try:
-        machine.start()
+    with running(workdir, image=image) as machine:
         yield machine
-    finally:
-        _discard(machine)
 
 
 @pytest.fixture(scope="module")
@@ -89,4 +77,4 @@ def vm_factory(vm_image: Path, tmp_path: Path) -> Iterator[object]:
         yield make
     finally:
         for machine in made:
-            _discard(machine)
+            discard(machine)

@@ -32,7 +32,7 @@ import subprocess
 import tempfile
 import time
 import weakref
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 __all__ = [
@@ -661,6 +661,26 @@ OS_LAYOUT: tuple[tuple[str, str, int, int], ...] = (
     ("root", "8300", 161, 128),
 )
 OS_LAYOUT_END_MIB = OS_LAYOUT[-1][2] + OS_LAYOUT[-1][3]  # 289 MiB; the rest of the disk is free
+
+
+def discard(vm: Vm) -> None:
+    """Stop the VM and delete its disk files (kept with GS_VM_KEEP=1; logs are always kept)."""
+    vm.stop()
+    if os.environ.get("GS_VM_KEEP") == "1":
+        return
+    for p in [vm.root_disk, *(vm.disk_path(n) for n in vm.disks)]:
+        p.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def running(workdir: str | os.PathLike[str], disks: Sequence[tuple[str, int]] = DEFAULT_DISKS, **kwargs: object) -> Iterator[Vm]:
+    """A started VM (Vm(workdir, disks, **kwargs)), discarded on exit."""
+    machine = Vm(workdir, disks, **kwargs)  # type: ignore[arg-type]
+    try:
+        machine.start()
+        yield machine
+    finally:
+        discard(machine)
 
 
 def os_layout_regions() -> list[tuple[int, int]]:

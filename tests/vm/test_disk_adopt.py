@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import GiB, Vm
+from harness import GiB, Vm, running
 
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
@@ -61,14 +61,8 @@ def sha(vm: Vm, path: str) -> str:
 
 @pytest.fixture(scope="module")
 def vm(vm_image: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Vm]:
-    machine = Vm(tmp_path_factory.mktemp("vm"), [(n, 3 * 1024 * GiB) for n in NAMES], image=vm_image, nvme=NAMES)
-    try:
-        machine.start()
+    with running(tmp_path_factory.mktemp("vm"), [(n, 3 * 1024 * GiB) for n in NAMES], image=vm_image, nvme=NAMES) as machine:
         yield machine
-    finally:
-        machine.stop()
-        for p in [machine.root_disk, *(machine.disk_path(n) for n in machine.disks)]:
-            p.unlink(missing_ok=True)
 
 
 @pytest.fixture(scope="module")

@@ -11,21 +11,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from harness import GiB, Vm
+from harness import GiB, Vm, running
 from test_disk_safety import refused, steps_for
 
 
 @pytest.fixture(scope="module")
 def vm(vm_image: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Vm]:
     disks = (("gs-path-1", 4 * GiB), ("gs-path-2", 4 * GiB))
-    machine = Vm(tmp_path_factory.mktemp("vm"), disks, image=vm_image, serials={"gs-path-1": "gs-lun", "gs-path-2": "gs-lun"})
-    try:
-        machine.start()
+    with running(tmp_path_factory.mktemp("vm"), disks, image=vm_image, serials={"gs-path-1": "gs-lun", "gs-path-2": "gs-lun"}) as machine:
         yield machine
-    finally:
-        machine.stop()
-        for p in [machine.root_disk, *(machine.disk_path(n) for n in machine.disks)]:
-            p.unlink(missing_ok=True)
 
 
 def test_two_paths_to_one_lun_are_refused(vm: Vm) -> None:

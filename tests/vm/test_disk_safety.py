@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import GiB, Vm, make_os_like_layout, partition_sha256s
+from harness import GiB, Vm, make_os_like_layout, partition_sha256s, running
 
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
@@ -107,14 +107,8 @@ def idle(vm: Vm) -> None:
 
 @pytest.fixture(scope="module")
 def vm(vm_image: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Vm]:
-    machine = Vm(tmp_path_factory.mktemp("vm"), DISKS, image=vm_image, sector_sizes={"gs-disk-c": 4096})
-    try:
-        machine.start()
+    with running(tmp_path_factory.mktemp("vm"), DISKS, image=vm_image, sector_sizes={"gs-disk-c": 4096}) as machine:
         yield machine
-    finally:
-        machine.stop()
-        for p in [machine.root_disk, *(machine.disk_path(n) for n in machine.disks)]:
-            p.unlink(missing_ok=True)
 
 
 @pytest.fixture(scope="module")
