@@ -69,16 +69,17 @@ render: $(RENDER_STAMP)
 test: $(STAMP) $(CHECKOV) checkers
 	$(PY) -m pytest -q
 
-# promtool and the CRD schemas the serving tests check against (tools/checkers, cached).
+# promtool and the CRD schemas the serving tests check against (testbed/checkers, cached): promtool
+# from Debian's package (PROMTOOL=module: built from the pinned Prometheus 3 module), the CRDs from
+# their Go modules (without Go, the tests that need them skip and say so).
 checkers:
-	@if command -v go >/dev/null; then bash tools/checkers/build.sh >/dev/null; \
-	else echo "checkers: no Go here, so no promtool and no CRD schemas; the tests that need them are skipped (tools/checkers/)" >&2; fi
+	@bash testbed/checkers/build.sh >/dev/null
 
 test-vm: $(STAMP)
 	bash tests/vm/install-host-deps.sh
 	GS_VM_TESTS=1 $(PY) -m pytest -q tests/vm
 
-SHELL_SCRIPTS = $(wildcard components/node_scripts/*.sh tests/vm/*.sh tools/engine/*.sh tools/cluster/*.sh tools/checkers/*.sh .ci/run)
+SHELL_SCRIPTS = $(wildcard components/node_scripts/*.sh tests/vm/*.sh testbed/engine/*.sh testbed/cluster/*.sh testbed/checkers/*.sh .ci/run)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
@@ -105,39 +106,39 @@ diff: $(RENDER_STAMP)
 
 lab-vm: $(STAMP)
 	bash tests/vm/install-host-deps.sh
-	$(PY) -m tools.lab_vm start
+	$(PY) -m testbed.lab_vm start
 
 lab-vm-stop: $(STAMP)
-	$(PY) -m tools.lab_vm stop
+	$(PY) -m testbed.lab_vm stop
 
 bench: $(STAMP)
-	$(PY) -m tools.bench $(BENCH_ARGS)
+	$(PY) -m testbed.bench $(BENCH_ARGS)
 
 bench-vm: $(STAMP)
 	bash tests/vm/install-host-deps.sh
-	$(PY) -m tools.bench_node $(BENCH_ARGS)
+	$(PY) -m testbed.bench_node $(BENCH_ARGS)
 
 # The real engine: built once per set of pinned versions into ~/.cache/gpu-serving/engine/,
 # installed into ./.pulumi-home. A warm cache makes this a few seconds.
 engine:
-	bash tools/engine/build.sh
+	bash testbed/engine/build.sh
 
 e2e: $(STAMP) engine
-	bash tools/cluster/build.sh
+	bash testbed/cluster/build.sh
 	bash tests/vm/install-host-deps.sh
-	$(PY) -m tools.e2e
+	$(PY) -m testbed.e2e
 
-# The loopback cluster's binaries are built once into ~/.cache/gpu-serving/cluster/ (tools/cluster).
+# The loopback cluster's binaries are built once into ~/.cache/gpu-serving/cluster/ (testbed/cluster).
 cluster: $(STAMP)
-	bash tools/cluster/build.sh
-	bash tools/cluster/cluster.sh start $$($(PY) -m tools.cluster.nodes $(STACK))
+	bash testbed/cluster/build.sh
+	bash testbed/cluster/cluster.sh start $$($(PY) -m testbed.cluster.nodes $(STACK))
 
 cluster-stop:
-	bash tools/cluster/cluster.sh stop
+	bash testbed/cluster/cluster.sh stop
 
 bench-engine: $(STAMP) engine
 	bash tests/vm/install-host-deps.sh
-	$(PY) -m tools.bench_engine $(BENCH_ARGS)
+	$(PY) -m testbed.bench_engine $(BENCH_ARGS)
 
 clean:
 	rm -rf rendered bench-out .pytest_cache

@@ -1,4 +1,4 @@
-"""The offline checkers of tools/checkers: promtool and the CRD schemas (OpenAPI v3 in the CRD YAML).
+"""The offline checkers of testbed/checkers: promtool and the CRD schemas (OpenAPI v3 in the CRD YAML).
 
 Tests that need them skip, with the reason, only when they are absent; `make test` builds them first.
 """
@@ -21,7 +21,7 @@ CRD_GROUPS = frozenset({"keda.sh", "monitoring.coreos.com", "gateway.networking.
 
 @functools.cache
 def _paths() -> tuple[Path, Path]:
-    result = subprocess.run(["bash", str(ROOT / "tools/checkers/build.sh"), "--print"], capture_output=True, text=True, check=False)
+    result = subprocess.run(["bash", str(ROOT / "testbed/checkers/build.sh"), "--print"], capture_output=True, text=True, check=False)
     promtool, crds = result.stdout.split()
     return Path(promtool), Path(crds)
 

@@ -7,12 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tools.bench import generated_stack
+from testbed.bench import generated_stack
 from tools.render import ROOT
 
 
 def test_quick_bench_writes_its_tables_and_chart(tmp_path: Path) -> None:
-    result = subprocess.run([sys.executable, "-m", "tools.bench", "--quick", "--out", str(tmp_path)],
+    result = subprocess.run([sys.executable, "-m", "testbed.bench", "--quick", "--out", str(tmp_path)],
                             cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
     report = (tmp_path / "BENCHMARKS.md").read_text()
@@ -36,7 +36,7 @@ def test_generated_stacks_are_valid_configs() -> None:
 
 
 def test_node_step_profile_reads_a_real_bash_trace(tmp_path: Path) -> None:
-    from tools.bench_node import profile, traced
+    from testbed.bench_node import profile, traced
 
     trace = tmp_path / "trace"
     script = "set -euo pipefail\nsleep 0.4\nx=$(echo hi)\ntrue\n"
@@ -47,7 +47,7 @@ def test_node_step_profile_reads_a_real_bash_trace(tmp_path: Path) -> None:
 
 
 def test_node_step_report_separates_our_writes_from_the_guests() -> None:
-    from tools.bench_node import Measured, markdown
+    from testbed.bench_node import Measured, markdown
 
     measured = Measured(
         first={"10-preflight": 2.0, "30-raid": 78.0}, rerun={"10-preflight": 1.0, "30-raid": 3.0},
@@ -62,14 +62,14 @@ def test_node_step_report_separates_our_writes_from_the_guests() -> None:
 
 
 def test_benchmarks_write_to_an_untracked_folder_unless_asked() -> None:
-    from tools.bench import BENCH_OUT, DOCS, output_folder
+    from testbed.bench import BENCH_OUT, DOCS, output_folder
 
     assert output_folder(None, update_docs=False) == BENCH_OUT
     assert output_folder(None, update_docs=True) == DOCS
     assert output_folder(Path("/x"), update_docs=True) == Path("/x")
     ignored = subprocess.run(["git", "check-ignore", "-q", str(BENCH_OUT / "BENCHMARKS.md")], cwd=ROOT)
     assert ignored.returncode == 0
-    for module in ("tools.bench", "tools.bench_node", "tools.bench_engine"):
+    for module in ("testbed.bench", "testbed.bench_node", "testbed.bench_engine"):
         usage = subprocess.run([sys.executable, "-m", module, "--help"], cwd=ROOT, capture_output=True, text=True, timeout=60)
         assert "--update-docs" in usage.stdout, module
     readme = (ROOT / "README.md").read_text()

@@ -7,9 +7,9 @@ import socket
 
 import pytest
 
-from tools.cluster.nodes import node_args
-from tools.e2e.cluster_checks import _free_port_block, _sequence
-from tools.e2e.run import CheckError
+from testbed.cluster.nodes import node_args
+from testbed.e2e.cluster_checks import _free_port_block, _sequence
+from testbed.e2e.run import CheckError
 from tools.render import RenderError
 
 

@@ -1,8 +1,8 @@
 # shellcheck shell=bash
 # The environment every real-engine command runs in. Sourced by build.sh and the Makefile's
-# engine targets; executed, it prints the variables as KEY=VALUE lines (tools/e2e.py reads them).
+# engine targets; executed, it prints the variables as KEY=VALUE lines (testbed/e2e.py reads them).
 _engine_here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-# shellcheck source=tools/engine/versions.env
+# shellcheck source=testbed/engine/versions.env
 source "$_engine_here/versions.env"
 
 GS_CACHE=${GS_CACHE:-$HOME/.cache/gpu-serving}

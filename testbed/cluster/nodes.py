@@ -1,7 +1,7 @@
 """`make cluster STACK=<stack>`'s simulated nodes: one per node of the stack, named as the stack
 names it, with its GPU count (`--node NAME:GPUS` arguments for cluster.sh start).
 
-    python -m tools.cluster.nodes prod     # --node k8s-worker-02:2
+    python -m testbed.cluster.nodes prod     # --node k8s-worker-02:2
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Checks 10–20: the program against a real Kubernetes control plane on loopback (tools/cluster),
+"""Checks 10–20: the program against a real Kubernetes control plane on loopback (testbed/cluster),
 its GPU nodes simulated by kwok, the lab VM still the node the disk steps run on."""
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from typing import Any
 
 import yaml
 
-from tools.e2e.engine_checks import GROWN_SIZE_GB, EndToEnd
-from tools.e2e.run import CheckError, require, stack_raw, tail
+from testbed.e2e.engine_checks import GROWN_SIZE_GB, EndToEnd
+from testbed.e2e.run import CheckError, require, stack_raw, tail
 from tools.render import ROOT, RenderError, run_program
 
-CLUSTER_SH = ROOT / "tools" / "cluster" / "cluster.sh"
+CLUSTER_SH = ROOT / "testbed" / "cluster" / "cluster.sh"
 NAMESPACE = "ai-cluster"
 # Two 2-GPU nodes of a product no stack uses, for the per-node fit demonstration.
 FIT_NODES = ("fit-a", "fit-b")

@@ -1,7 +1,7 @@
 """make bench-engine: the program's cost under the real Pulumi engine, into bench-out/benchmarks-engine.md.
 
-    python -m tools.bench_engine                 # make bench-engine (needs make engine; boots the lab VM)
-    python -m tools.bench_engine --update-docs   # into docs/ (tracked); --out F: elsewhere
+    python -m testbed.bench_engine                 # make bench-engine (needs make engine; boots the lab VM)
+    python -m testbed.bench_engine --update-docs   # into docs/ (tracked); --out F: elsewhere
 
 Measured in one run, so the ratios hold on any machine:
 - `pulumi preview` of the prod stack against a bare program that declares the same number of
@@ -24,8 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tools.bench import output_folder
-from tools.e2e.run import Run, copy_project, engine_env, rendering, stack_raw
+from testbed.bench import output_folder
+from testbed.e2e.run import Run, copy_project, engine_env, rendering, stack_raw
 from tools.render import ROOT, run_program
 
 NAME = "benchmarks-engine.md"
@@ -79,7 +79,7 @@ def median_pair(first: tuple[Run, tuple[str, ...], str], second: tuple[Run, tupl
 def markdown(resources: int, preview: tuple[float, float], lab: tuple[int, int], noop: tuple[float, float],
              versions: dict[str, str], runs: int) -> str:
     return "\n".join([
-        f"Written by `make bench-engine` (`python -m tools.bench_engine`); median of {runs} runs each, alternating, "
+        f"Written by `make bench-engine` (`python -m testbed.bench_engine`); median of {runs} runs each, alternating, "
         f"on {os.cpu_count()} cores; engine: " + ", ".join(f"{k} {v}" for k, v in versions.items()) + ".",
         "",
         "| command | this program (s) | bare program, same resource count (s) | ratio |",
@@ -97,7 +97,7 @@ def markdown(resources: int, preview: tuple[float, float], lab: tuple[int, int],
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tools.bench_engine", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m testbed.bench_engine", description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--update-docs", action="store_true", help=f"write docs/{NAME} (tracked) instead of bench-out/{NAME}")
     parser.add_argument("--out", type=Path, help=f"markdown file (default bench-out/{NAME})")

@@ -3,11 +3,11 @@
 # kube-apiserver, kube-controller-manager, kube-scheduler and kwok, built from pinned Go modules by
 # build.sh, every listener on 127.0.0.1.
 #
-#   tools/cluster/cluster.sh start [--node NAME:GPUS[:CPU:MEMORY]]...   start, wait until usable,
+#   testbed/cluster/cluster.sh start [--node NAME:GPUS[:CPU:MEMORY]]...   start, wait until usable,
 #                                                                       then print what env prints
-#   tools/cluster/cluster.sh stop                                       stop all, remove state
-#   tools/cluster/cluster.sh status                                     exit 0 running, 3 stopped
-#   tools/cluster/cluster.sh env                                        KUBECONFIG=... lines
+#   testbed/cluster/cluster.sh stop                                       stop all, remove state
+#   testbed/cluster/cluster.sh status                                     exit 0 running, 3 stopped
+#   testbed/cluster/cluster.sh env                                        KUBECONFIG=... lines
 #
 # Environment:
 #   GS_CLUSTER_DIR   state (pki, etcd data, logs, pids, kubeconfig); default

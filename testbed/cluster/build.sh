@@ -6,8 +6,8 @@
 # and a warm cache makes this a few seconds of checks. Cold build seconds per component are written
 # to build-times.txt in that folder. Prints the folder on stdout.
 #
-#   tools/cluster/build.sh            build what is missing
-#   tools/cluster/build.sh --print    print the folder, build nothing (exit 1 if incomplete)
+#   testbed/cluster/build.sh            build what is missing
+#   testbed/cluster/build.sh --print    print the folder, build nothing (exit 1 if incomplete)
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)

@@ -3,47 +3,73 @@
 # providers) from pinned Go modules, cache the binaries outside the repo, and install them into the
 # project-local PULUMI_HOME (.pulumi-home/). A warm cache makes this a few seconds of checks.
 #
-# Where the module proxy serves no version of a piece (see versions.env), its source comes from
-# git at the pinned tag, checked against the pinned commit:
-#   GS_PULUMI_GIT          pulumi/pulumi          (default https://github.com/pulumi/pulumi.git)
-#   GS_PULUMI_COMMAND_GIT  pulumi/pulumi-command  (default https://github.com/pulumi/pulumi-command.git)
-# Each may be a URL or a local clone (bare or not). Fetched sources are kept in the cache too.
+# Where the module proxy serves no version of a piece (see versions.env), its source is, in order:
+#   1. the cache ($GS_CACHE/src/<commit>-<paths>.tar, written by an earlier build);
+#   2. GS_ENGINE_SRC, a folder of source archives named as that cache names them
+#      (<commit>-<paths>.tar or .tar.gz), used only when the sha256 of the tar stream is the one
+#      pinned in versions.env;
+#   3. git at the pinned tag, checked against the pinned commit:
+#        GS_PULUMI_GIT          pulumi/pulumi          (default https://github.com/pulumi/pulumi.git)
+#        GS_PULUMI_COMMAND_GIT  pulumi/pulumi-command  (default https://github.com/pulumi/pulumi-command.git)
+#      Each may be a URL or a local clone (bare or not).
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
-# shellcheck source=tools/engine/env.sh
+# shellcheck source=testbed/engine/env.sh
 source "$here/env.sh"
+BUILD_NAME=engine
+# shellcheck source=testbed/lib.sh
+source "$here/../lib.sh"
 
 : "${GS_PULUMI_GIT:=https://github.com/pulumi/pulumi.git}"
 : "${GS_PULUMI_COMMAND_GIT:=https://github.com/pulumi/pulumi-command.git}"
 
-export GOMODCACHE="$GS_CACHE/go/mod" GOCACHE="$GS_CACHE/go/build" GOFLAGS=-buildvcs=false
-export CGO_ENABLED=0 GOTOOLCHAIN=local
 src_cache="$GS_CACHE/src"
 work=$(mktemp -d)
 trap 'chmod -R u+w "$work" 2>/dev/null; rm -rf "$work"' EXIT
 
-log() { printf '== engine: %s\n' "$*" >&2; }
-die() { printf 'engine: %s\n' "$*" >&2; exit 1; }
+need_go "the engine"
 
-command -v go >/dev/null || die "go is not installed (Go >= 1.26 builds the engine)"
+# archive_tree NAME SHA256: copy GS_ENGINE_SRC's archive NAME(.tar or .tar.gz) into the cache as
+# NAME.tar, if there is one and its tar stream has the pinned checksum. Returns 1 when there is none.
+archive_tree() {
+	local name=$1 want=$2 archive cat=cat got
+	[[ -n ${GS_ENGINE_SRC:-} ]] || return 1
+	if [[ -s $GS_ENGINE_SRC/$name.tar.gz ]]; then
+		archive=$GS_ENGINE_SRC/$name.tar.gz cat="gzip -dc"
+	elif [[ -s $GS_ENGINE_SRC/$name.tar ]]; then
+		archive=$GS_ENGINE_SRC/$name.tar
+	else
+		log "GS_ENGINE_SRC has no $name.tar[.gz]: trying git"
+		return 1
+	fi
+	mkdir -p "$src_cache"
+	$cat "$archive" >"$src_cache/$name.tar.tmp"
+	got=$(sha256sum <"$src_cache/$name.tar.tmp" | cut -d' ' -f1)
+	if [[ $got != "$want" ]]; then
+		rm -f "$src_cache/$name.tar.tmp"
+		die "$archive: sha256 of its tar is $got, pinned $want (versions.env): not using it; remove it or fix GS_ENGINE_SRC"
+	fi
+	mv "$src_cache/$name.tar.tmp" "$src_cache/$name.tar"
+	log "source from $archive (sha256 checked)"
+}
 
-# git_tree URL_OR_DIR TAG COMMIT DEST SUBDIR...: DEST gets the SUBDIRs of TAG (no tests, no test
-# data), after checking that TAG is COMMIT. The files are cached by commit, so a rebuild needs no
-# git source.
+# git_tree URL_OR_DIR TAG COMMIT SHA256 DEST SUBDIR...: DEST gets the SUBDIRs of TAG (no tests, no
+# test data), from the cache, GS_ENGINE_SRC or git (see the top). From git, TAG must be COMMIT.
 git_tree() {
-	local source=$1 tag=$2 commit=$3 dest=$4
-	shift 4
-	local tarball
-	tarball="$src_cache/$commit-$(IFS=_; echo "$*").tar"
-	if [[ ! -s $tarball ]]; then
+	local source=$1 tag=$2 commit=$3 sha256=$4 dest=$5
+	shift 5
+	local name tarball
+	name="$commit-$(IFS=_; echo "$*")"
+	tarball="$src_cache/$name.tar"
+	if [[ ! -s $tarball ]] && ! archive_tree "$name" "$sha256"; then
 		local gitdir=$source
 		[[ -d $source/.git ]] && gitdir=$source/.git
 		if [[ ! -d $source ]]; then
 			log "cloning $source at $tag"
 			gitdir="$work/clone-$commit"
 			git clone --quiet --bare --depth 1 --branch "$tag" "$source" "$gitdir" ||
-				die "cannot clone $source at $tag: set GS_PULUMI_GIT / GS_PULUMI_COMMAND_GIT to a reachable clone"
+				die "cannot clone $source at $tag: set GS_ENGINE_SRC to a folder of source archives, or GS_PULUMI_GIT / GS_PULUMI_COMMAND_GIT to a reachable clone"
 		fi
 		local got
 		got=$(git --git-dir="$gitdir" rev-parse --verify --quiet "$tag^{commit}") || die "$source has no tag $tag"
@@ -65,21 +91,6 @@ git_tree() {
 	tar -x -C "$dest" -f "$tarball"
 }
 
-# wrapper DIR MODULE@VERSION [REPLACE...]: a module that requires MODULE, so its main package
-# builds with published versions in place of the module's own relative replace lines.
-wrapper() {
-	local dir=$1 require=$2
-	shift 2
-	mkdir -p "$dir"
-	(
-		cd "$dir"
-		go mod init wrapper >/dev/null 2>&1
-		local r
-		for r in "$@"; do go mod edit -replace "$r"; done
-		go mod edit -require "$require"
-	)
-}
-
 build_cli() {
 	local out=$1 dir="$work/cli"
 	log "pulumi CLI v$PULUMI_VERSION"
@@ -87,7 +98,7 @@ build_cli() {
 		"github.com/atotto/clipboard=github.com/tgummerer/clipboard@v0.0.0-20241001131231-d02d263e614e"
 	(
 		cd "$dir"
-		go mod edit -require "github.com/pulumi/pulumi/sdk/v3@v$PULUMI_VERSION"
+		go get "github.com/pulumi/pulumi/sdk/v3@v$PULUMI_VERSION"
 		printf '//go:build tools\n\npackage wrapper\n\nimport _ "github.com/pulumi/pulumi/pkg/v3/cmd/pulumi"\n' >tools.go
 		go mod tidy
 		go build -trimpath -o "$out/pulumi" \
@@ -99,7 +110,7 @@ build_cli() {
 build_python_host() {
 	local out=$1 dir="$work/pulumi"
 	log "python language host $PYTHON_HOST_TAG"
-	git_tree "$GS_PULUMI_GIT" "$PYTHON_HOST_TAG" "$PYTHON_HOST_COMMIT" "$dir" pkg sdk
+	git_tree "$GS_PULUMI_GIT" "$PYTHON_HOST_TAG" "$PYTHON_HOST_COMMIT" "$PYTHON_HOST_SRC_SHA256" "$dir" pkg sdk
 	(
 		cd "$dir/sdk/python/cmd/pulumi-language-python"
 		go build -trimpath -o "$out/pulumi-language-python" \
@@ -134,7 +145,7 @@ build_kubernetes() {
 build_command() {
 	local out=$1 dir="$work/command"
 	log "command provider v$COMMAND_VERSION"
-	git_tree "$GS_PULUMI_COMMAND_GIT" "v$COMMAND_VERSION" "$COMMAND_COMMIT" "$dir" provider
+	git_tree "$GS_PULUMI_COMMAND_GIT" "v$COMMAND_VERSION" "$COMMAND_COMMIT" "$COMMAND_SRC_SHA256" "$dir" provider
 	(
 		cd "$dir/provider"
 		go build -trimpath -o "$out/pulumi-resource-command" \

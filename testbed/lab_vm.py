@@ -1,8 +1,8 @@
 """The lab node: the test VM from tests/vm kept running, as the `lab` stack's GPU node.
 
-    python -m tools.lab_vm start    # make lab-vm
-    python -m tools.lab_vm stop     # make lab-vm-stop
-    python -m tools.lab_vm status
+    python -m testbed.lab_vm start    # make lab-vm
+    python -m testbed.lab_vm stop     # make lab-vm-stop
+    python -m testbed.lab_vm status
 
 A Debian VM (qemu, software emulation) with two blank 4 GiB disks, SSH on 127.0.0.1:2222 as
 root. `Pulumi.lab.yaml` points its node at it, so `pulumi up -s lab` prepares a disposable
@@ -81,7 +81,7 @@ def stop() -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tools.lab_vm", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m testbed.lab_vm", description=__doc__.split("\n\n")[0])
     parser.add_argument("action", choices=["start", "stop", "status"])
     args = parser.parse_args(argv)
     if args.action == "start":

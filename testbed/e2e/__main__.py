@@ -1,4 +1,4 @@
-"""`python -m tools.e2e`: every check in order, the report, one line each."""
+"""`python -m testbed.e2e`: every check in order, the report, one line each."""
 
 from __future__ import annotations
 
@@ -12,16 +12,16 @@ import sys
 import tempfile
 from pathlib import Path
 
-import tools.e2e
-from tools.e2e.cluster_checks import ClusterEndToEnd
-from tools.e2e.run import copy_project, engine_env
+import testbed.e2e
+from testbed.e2e.cluster_checks import ClusterEndToEnd
+from testbed.e2e.run import copy_project, engine_env
 from tools.render import ROOT
 
 OUT = ROOT / "e2e-out"
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tools.e2e", description=(tools.e2e.__doc__ or "").split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m testbed.e2e", description=(testbed.e2e.__doc__ or "").split("\n\n")[0])
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder (project copy, state, VM)")
     parser.add_argument("--out", type=Path, default=OUT, help="report folder (default e2e-out/)")
     args = parser.parse_args(argv)

@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 
 from stacks.config import parse
-from tools.e2e.run import CheckError, Run, object_key, provider_objects, rendering, require, stack_raw, tail
+from testbed.e2e.run import CheckError, Run, object_key, provider_objects, rendering, require, stack_raw, tail
 from tools.render import RenderError, policy_config_json, run_program, write
 
 LAB_SIZE_GB, GROWN_SIZE_GB = 2, 3

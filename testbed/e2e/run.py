@@ -24,8 +24,8 @@ class CheckError(Exception):
 
 
 def engine_env() -> dict[str, str]:
-    """The environment tools/engine/env.sh sets (PATH to the built engine, PULUMI_HOME, no downloads)."""
-    out = subprocess.run(["bash", str(ROOT / "tools/engine/env.sh")], capture_output=True, text=True, check=True).stdout
+    """The environment testbed/engine/env.sh sets (PATH to the built engine, PULUMI_HOME, no downloads)."""
+    out = subprocess.run(["bash", str(ROOT / "testbed/engine/env.sh")], capture_output=True, text=True, check=True).stdout
     env = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
     if not (Path(env["GS_ENGINE"]) / "bin" / "pulumi").exists():
         raise SystemExit(f"e2e: no engine in {env['GS_ENGINE']}: run `make engine` first")

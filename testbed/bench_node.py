@@ -1,7 +1,7 @@
 """Node-step benchmark: the lab stack's rendered scripts on a throwaway VM, first run and no-op re-run.
 
-    python -m tools.bench_node                 # make bench-vm: writes bench-out/benchmarks-node-steps.md
-    python -m tools.bench_node --update-docs   # into docs/ (tracked); --out F: elsewhere
+    python -m testbed.bench_node                 # make bench-vm: writes bench-out/benchmarks-node-steps.md
+    python -m testbed.bench_node --update-docs   # into docs/ (tracked); --out F: elsewhere
 `make bench` includes the latest of the two.
 
 Boots the test VM of tests/vm (qemu, software emulation; two blank 4 GiB disks that first get an
@@ -26,8 +26,8 @@ from itertools import pairwise
 from pathlib import Path
 
 from components.node import parse_report
+from testbed.bench import output_folder
 from tests.vm.harness import DEFAULT_DISKS, Vm, ensure_image, make_os_like_layout
-from tools.bench import output_folder
 from tools.render import node_scripts, run_program
 
 STACK, NODE = "lab", "lab-node"
@@ -108,7 +108,7 @@ def markdown(m: Measured) -> str:
     system = [f for f in m.written if SYSTEM_WRITES.match(f)]
     unchanged = sum(1 for r in m.results.values() if r == "unchanged")
     lines = [
-        f"Measured by `make bench-vm` (`python -m tools.bench_node`) on a throwaway test VM (qemu software emulation, "
+        f"Measured by `make bench-vm` (`python -m testbed.bench_node`) on a throwaway test VM (qemu software emulation, "
         f"2 vCPUs, two blank 4 GiB disks with an OS-like layout first): the `{STACK}` stack's rendered scripts "
         f"(`rendered/{STACK}/nodes/{NODE}/*.sh`, 2 GB partitions) sent over SSH in order, one connection per step, "
         "as `pulumi up` does.",
@@ -159,7 +159,7 @@ def verdict(ratio: float, login_share: float, leader: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tools.bench_node", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m testbed.bench_node", description=__doc__.split("\n\n")[0])
     parser.add_argument("--update-docs", action="store_true", help=f"write docs/{NAME} (tracked) instead of bench-out/{NAME}")
     parser.add_argument("--out", type=Path, help=f"markdown file (default bench-out/{NAME})")
     args = parser.parse_args(argv)

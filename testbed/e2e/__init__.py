@@ -1,7 +1,7 @@
 """make e2e: the program under the real Pulumi engine, end to end.
 
-    python -m tools.e2e                 # all checks, report in e2e-out/report.json
-    python -m tools.e2e --keep          # keep the temporary project, state and VM folder
+    python -m testbed.e2e                 # all checks, report in e2e-out/report.json
+    python -m testbed.e2e --keep          # keep the temporary project, state and VM folder
 
 Needs `make engine` (the CLI, the Python language host and the kubernetes and command providers,
 built from pinned Go modules) and the VM image of tests/vm. Everything happens in a temporary

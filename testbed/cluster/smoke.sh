@@ -10,7 +10,7 @@
 # and stop it, leaving no process. Uses its own state dir and ports, so a cluster started by hand
 # keeps running. Prints "N passed, N failed".
 #
-#   tools/cluster/smoke.sh
+#   testbed/cluster/smoke.sh
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)

@@ -1,10 +1,10 @@
 """Benchmarks of the program's own cost: BENCHMARKS.md (tables) and a chart.
 
-    python -m tools.bench                 # full run (make bench): into bench-out/ (untracked)
-    python -m tools.bench --update-docs   # the same into docs/, to commit new figures
-    python -m tools.bench --quick         # 2 runs of 2 stack sizes (~1 min): checks the benchmark works,
+    python -m testbed.bench                 # full run (make bench): into bench-out/ (untracked)
+    python -m testbed.bench --update-docs   # the same into docs/, to commit new figures
+    python -m testbed.bench --quick         # 2 runs of 2 stack sizes (~1 min): checks the benchmark works,
                                           # figures too noisy to publish; the test suite runs it
-    python -m tools.bench --out DIR       # anywhere else
+    python -m testbed.bench --out DIR       # anywhere else
 
 A run never touches tracked files unless asked (`--update-docs`). The node-step and real-engine
 sections come from `make bench-vm` / `make bench-engine`: their latest file in bench-out/, else
@@ -212,7 +212,7 @@ def markdown(floor: Run, prod: Run, modules: int, rows: list[dict[str, Any]], di
     lines = [
         "# Benchmarks",
         "",
-        f"Written by `make bench` (`python -m tools.bench`); median of {runs} runs each, measured in one run on "
+        f"Written by `make bench` (`python -m testbed.bench`); median of {runs} runs each, measured in one run on "
         f"{os.cpu_count()} cores with Python {sys.version.split()[0]}. Ratios are what the targets speak of; the seconds "
         "depend on the machine.",
         "",
@@ -295,7 +295,7 @@ ENGINE_PENDING = "Not measured yet: run `make engine` and `make bench-engine` (b
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tools.bench", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m testbed.bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="2 runs, 2 stack sizes: checks the benchmark itself works")
     parser.add_argument("--update-docs", action="store_true", help="write into docs/ (tracked) instead of bench-out/")
     parser.add_argument("--out", type=Path, help="folder for BENCHMARKS.md and the chart (default bench-out/)")
