@@ -31,7 +31,7 @@ wrapper() {
 	[[ -s $dir/go.sum ]] && return 0
 	rm -rf "$dir" && mkdir -p "$dir"
 	(
-		cd "$dir"
+		cd "$dir" || exit 1
 		go mod init wrapper >/dev/null 2>&1
 		local r
 		for r in "$@"; do go mod edit -replace "$r"; done

@@ -14,14 +14,11 @@ here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=/dev/null
 source "$here/versions.env"
 
-: "${GS_CACHE:=$HOME/.cache/gpu-serving}"
-export GOMODCACHE="$GS_CACHE/go/mod" GOCACHE="$GS_CACHE/go/build" GOFLAGS=-buildvcs=false
-export CGO_ENABLED=0 GOTOOLCHAIN=local GO111MODULE=on
+BUILD_NAME="cluster build"
+# shellcheck source=testbed/lib.sh
+source "$here/../lib.sh"
 
-log() { printf '== cluster build: %s\n' "$*" >&2; }
-die() { printf 'cluster build: %s\n' "$*" >&2; exit 1; }
-
-command -v go >/dev/null || die "go is not installed (Go >= 1.26 builds the cluster)"
+need_go "the cluster"
 go_version=$(go env GOVERSION)
 key="k8s-$KUBERNETES_VERSION-etcd-$ETCD_VERSION-kwok-$KWOK_VERSION-$go_version"
 out="$GS_CACHE/cluster/$key"
@@ -62,15 +59,6 @@ mkdir -p "$bin" "$out/src" "$out/crds" "$out/stages"
 times="$out/build-times.txt"
 [[ -f $times ]] || printf '# component cold-build-seconds (%s, %s cores)\n' "$go_version" "$(nproc)" >"$times"
 
-# module_dir MODULE@VERSION: download it (zip holds the repository's files at that tag) and print its
-# read-only folder in the module cache.
-module_dir() {
-	local json
-	json=$(go mod download -json "$1") || die "go mod download $1 failed: $json"
-	grep -q '"Error"' <<<"$json" && die "$1 is not served: $(grep '"Error"' <<<"$json")"
-	sed -n 's/^\t"Dir": "\(.*\)",$/\1/p' <<<"$json"
-}
-
 # module_time MODULE@VERSION: the release time the proxy gives (its .info; this proxy gives no commit).
 module_time() {
 	local info
@@ -93,19 +81,9 @@ timed() {
 # ---- etcd: the module root is the main package; its go.mod replaces its sibling modules with ../
 # paths, which a wrapper module points at the published versions of the same release.
 wrapper_etcd() {
-	local w="$out/src/etcd"
-	[[ -s $w/go.sum ]] && return 0
-	rm -rf "$w" && mkdir -p "$w"
-	(
-		cd "$w"
-		go mod init gs-cluster/etcd >/dev/null 2>&1
-		local m replaces=()
-		for m in api/v3 client/pkg/v3 client/v3 pkg/v3; do
-			replaces+=("-replace=go.etcd.io/etcd/$m=go.etcd.io/etcd/$m@$ETCD_VERSION")
-		done
-		go mod edit "${replaces[@]}"
-		go get "go.etcd.io/etcd/server/v3@$ETCD_VERSION"
-	) >&2
+	local m replaces=()
+	for m in api/v3 client/pkg/v3 client/v3 pkg/v3; do replaces+=("go.etcd.io/etcd/$m=go.etcd.io/etcd/$m@$ETCD_VERSION"); done
+	wrapper "$out/src/etcd" "go.etcd.io/etcd/server/v3@$ETCD_VERSION" "${replaces[@]}"
 }
 build_etcd() {
 	wrapper_etcd
@@ -118,7 +96,6 @@ build_etcd() {
 wrapper_kube() {
 	local w="$out/src/kubernetes"
 	[[ -s $w/go.sum ]] && return 0
-	rm -rf "$w" && mkdir -p "$w"
 	local staging
 	module_dir "k8s.io/kubernetes@$KUBERNETES_VERSION" >/dev/null
 	local modfile="$GOMODCACHE/cache/download/k8s.io/kubernetes/@v/$KUBERNETES_VERSION.mod"
@@ -136,13 +113,11 @@ for r in d.get("Replace") or []:
 	[[ -n $staging ]] || die "found no staging modules in $modfile"
 	local v=${KUBERNETES_VERSION#v} m replaces=()
 	local staging_version="v0.${v#*.}"
-	for m in $staging; do replaces+=("-replace=$m=$m@$staging_version"); done
+	for m in $staging; do replaces+=("$m=$m@$staging_version"); done
 	log "kubernetes wrapper: $(wc -w <<<"$staging") staging modules at $staging_version"
+	wrapper "$w" "k8s.io/kubernetes@$KUBERNETES_VERSION" "${replaces[@]}"
 	(
 		cd "$w"
-		go mod init gs-cluster/kubernetes >/dev/null 2>&1
-		go mod edit "${replaces[@]}"
-		go get "k8s.io/kubernetes@$KUBERNETES_VERSION"
 		go get "k8s.io/kubernetes/cmd/kube-apiserver@$KUBERNETES_VERSION" \
 			"k8s.io/kubernetes/cmd/kube-controller-manager@$KUBERNETES_VERSION" \
 			"k8s.io/kubernetes/cmd/kube-scheduler@$KUBERNETES_VERSION" \
@@ -168,16 +143,7 @@ build_kube() {
 }
 
 # ---- kwok: no replaces, but built in a wrapper as well so its dependency versions stay its own.
-wrapper_kwok() {
-	local w="$out/src/kwok"
-	[[ -s $w/go.sum ]] && return 0
-	rm -rf "$w" && mkdir -p "$w"
-	(
-		cd "$w"
-		go mod init gs-cluster/kwok >/dev/null 2>&1
-		go get "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
-	) >&2
-}
+wrapper_kwok() { wrapper "$out/src/kwok" "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"; }
 build_kwok() {
 	wrapper_kwok
 	(cd "$out/src/kwok" && go build -mod=mod -trimpath -o "$bin/kwok.tmp" \
