@@ -290,9 +290,13 @@ def test_rollout_never_needs_a_spare_gpu(prod: Render) -> None:
     assert spec["progressDeadlineSeconds"] == serving.deployment_timeout_seconds(6)
 
 
-def test_scrape_annotations_and_recommended_labels(prod: Render) -> None:
+def test_scrape_annotations_only_without_the_pod_monitor(prod: Render, render) -> None:  # type: ignore[no-untyped-def]
+    # Issue 24: annotations beside a PodMonitor double every series where an annotation job exists.
     template = one(prod, DEPLOYMENT)["spec"]["template"]
-    assert template["metadata"]["annotations"] == {
+    assert prod.config.cluster.monitoring.pod_monitor
+    assert not any(k.startswith("prometheus.io/") for k in template["metadata"].get("annotations") or {})
+    plain = render(cluster=prod_raw()["cluster"] | {"monitoring": {"podMonitor": False}})
+    assert one(plain, DEPLOYMENT)["spec"]["template"]["metadata"]["annotations"] == {
         "prometheus.io/scrape": "true",
         "prometheus.io/port": "8000",
         "prometheus.io/path": "/metrics",

@@ -154,6 +154,15 @@ def pod_spec(model: Model, cluster: ClusterConfig, claim_name: pulumi.Input[str]
     )
 
 
+def scrape_annotations(cluster: ClusterConfig) -> dict[str, str] | None:
+    """`prometheus.io/*` only for a Prometheus without the operator's PodMonitor: with both, an
+    annotation-based scrape job and the PodMonitor each scrape the pod, every series doubles, and
+    so does KEDA's `sum()` of the queue."""
+    if cluster.monitoring.pod_monitor:
+        return None
+    return {"prometheus.io/scrape": "true", "prometheus.io/port": str(PORT), "prometheus.io/path": "/metrics"}
+
+
 def deployment_spec(model: Model, cluster: ClusterConfig, claim_name: pulumi.Input[str], api_key: bool) -> k8s.apps.v1.DeploymentSpecArgs:
     scaled = autoscaler(cluster, model) != "none"
     return k8s.apps.v1.DeploymentSpecArgs(
@@ -169,10 +178,7 @@ def deployment_spec(model: Model, cluster: ClusterConfig, claim_name: pulumi.Inp
         progress_deadline_seconds=deployment_timeout_seconds(model.weights_gb),
         revision_history_limit=3,
         template=k8s.core.v1.PodTemplateSpecArgs(
-            metadata=k8s.meta.v1.ObjectMetaArgs(
-                labels=labels(model, "inference-server"),
-                annotations={"prometheus.io/scrape": "true", "prometheus.io/port": str(PORT), "prometheus.io/path": "/metrics"},
-            ),
+            metadata=k8s.meta.v1.ObjectMetaArgs(labels=labels(model, "inference-server"), annotations=scrape_annotations(cluster)),
             spec=pod_spec(model, cluster, claim_name, api_key),
         ),
     )

@@ -66,7 +66,7 @@ class Monitoring(_Model):
     pod_monitor: bool = True
     """A PodMonitor per model, so the operator's Prometheus scrapes `/metrics` (autoscaling and alerts read it)."""
     alerts: bool = True
-    """A PrometheusRule per model: no pod ready, queue stalled, KV cache nearly full, download Job failed."""
+    """A PrometheusRule per model: no pod ready, queue stalled (per pod), requests preempted, download Job failed."""
     labels: dict[Annotated[str, StringConstraints(pattern=LABEL_KEY)], LabelValue] = {}
     """Labels the Prometheus selects PodMonitors and PrometheusRules by (kube-prometheus-stack: `release: <release>`)."""
 
