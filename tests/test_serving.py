@@ -124,7 +124,7 @@ def test_container_args_are_the_seed_flags_from_config() -> None:
     args = serving.container_args(model_of(gpusPerReplica=2, extraArgs=["--enable-prefix-caching"]))
     assert args == [
         "Qwen/Qwen3-8B-AWQ",  # positional: `vllm serve --model` is deprecated
-        "--revision=main",
+        "--revision=4da05a8edb55c6046cce958586c33b61da07bb79",
         "--served-model-name=qwen3",
         "--host=0.0.0.0",
         "--port=8000",
@@ -338,7 +338,8 @@ def test_download_job_fills_the_same_cache_without_a_gpu(prod: Render) -> None:
     assert pod["tolerations"][0]["key"] == "nvidia.com/gpu"  # ... which is a tainted GPU node
     env = env_of(c)
     assert env["HF_HUB_CACHE"] == "/models/hub"
-    assert env["GS_REPO"] == "Qwen/Qwen3-8B-AWQ" and env["GS_REVISION"] == "main"
+    assert env["GS_REPO"] == "Qwen/Qwen3-8B-AWQ" and env["GS_REVISION"] == prod.config.models[0].revision
+    assert env["GS_MARKER_DIR"] == serving.MARKER_DIR
     assert env["HF_TOKEN"] == {"secretKeyRef": {"name": "vllm-qwen3-secrets", "key": "hf-token"}}
     assert "HF_HUB_OFFLINE" not in env
     assert c["command"][:2] == ["python3", "-c"] and "snapshot_download" in c["command"][2]

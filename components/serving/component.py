@@ -155,7 +155,7 @@ class VllmService(pulumi.ComponentResource):
             k8s.batch.v1.Job(
                 f"{name}-smoke-test",
                 metadata=meta(smoke_job_name(model), "smoke-test"),
-                spec=smoke_job_spec(model, namespace, uses_api_key),
+                spec=smoke_job_spec(model, namespace, uses_api_key, cluster.smoke_image),
                 opts=pulumi.ResourceOptions(
                     parent=self,
                     depends_on=[deployment, service],

@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, StringConstraints, model_validator
 
-from stacks.config.base import K8sName, LabelValue, SecretKeyName, _at, _Model
+from stacks.config.base import ImageRef, K8sName, LabelValue, SecretKeyName, _at, _Model
 
 # The project's own node label keys: GPU Feature Discovery owns `nvidia.com/gpu.*` and rewrites them
 # (`nvidia.com/gpu.product=NVIDIA-A100-SXM4-80GB`), so labels the stack force-set there would flap.
@@ -120,6 +120,11 @@ class Cluster(_Model):
     """RuntimeClass of GPU pods (e.g. `nvidia`) when the NVIDIA runtime is not the node's default."""
     monitoring: Monitoring = Monitoring()
     """Prometheus Operator objects per model (PodMonitor, PrometheusRule)."""
+    require_commit_revisions: bool = True
+    """Every `models[].revision` must be a 40-hex commit: a branch moves, so two nodes (or a re-download)
+    could serve different weights under one name. false: a lab that follows a branch."""
+    smoke_image: ImageRef = "curlimages/curl:8.11.1@sha256:c1fe1679c34d9784c1b0d1e5f62ac0a79fca01fb6377cdd33e90473c6f9f9a69"
+    """Image of the smoke-test Job (needs `sh` and `curl`), pinned by digest; point it at a mirror for an air-gapped registry."""
     prometheus_url: str = Field("http://prometheus-operated.monitoring.svc:9090", pattern=r"^https?://[A-Za-z0-9.:_\[\]-]+(/[A-Za-z0-9._~/-]*)?$")
     """Prometheus that KEDA queries for the vLLM queue length (autoscaling `keda`)."""
 

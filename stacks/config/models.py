@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, StringConstraints, field_validator, model_validator
 
-from stacks.config.base import CIDR, K8sName, LabelValue, SecretKeyName, _Model
+from stacks.config.base import CIDR, ImageRef, K8sName, LabelValue, SecretKeyName, _Model
 
 
 class Ingress(_Model):
@@ -45,10 +45,6 @@ class Replicas(_Model):
         return self
 
 
-ImageRef = Annotated[
-    str,
-    StringConstraints(pattern=r"^[a-z0-9][a-z0-9._/:-]*[a-z0-9](:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}|@sha256:[0-9a-f]{64})$"),
-]
 
 
 # Flags the bundle sets from typed config (or must not be changed behind its back). Aliases
@@ -132,9 +128,9 @@ class Model(_Model):
     hugging_face_id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
     """Hugging Face repository, `org/name`."""
     revision: str = Field("main", pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,99}$")
-    """Branch, tag or commit of the repository; pin a commit for reproducible serving."""
+    """Commit (40 hex) of the repository; a branch or tag only where `cluster.requireCommitRevisions` is false (a lab)."""
     image: ImageRef = "vllm/vllm-openai:v0.11.0"
-    """vLLM image with a pinned tag or digest (`latest` is refused)."""
+    """vLLM image with a pinned tag, a digest, or both (`repo:tag@sha256:…`); `latest` is refused."""
     gpu_product: LabelValue
     """`nodes[].gpu.product` of the nodes this model runs on."""
     gfd_product: LabelValue | None = None

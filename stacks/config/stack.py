@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
 from pydantic import Field, model_validator
 
-from stacks.config.base import ConfigError, SecretKeyName, _at, _Model, _unique
+from stacks.config.base import COMMIT_SHA, ConfigError, SecretKeyName, _at, _Model, _unique
 from stacks.config.cluster import Cluster
 from stacks.config.models import Model
 from stacks.config.nodes import Node, size_gb_for
@@ -154,6 +155,13 @@ class StackConfig(_Model):
         hosts: dict[str, tuple[int, str | None]] = {}
         routes: dict[tuple[str, str], int] = {}
         for i, model in enumerate(self.models):
+            if self.cluster.require_commit_revisions and not re.fullmatch(COMMIT_SHA, model.revision):
+                raise _at(
+                    f"models[{i}].revision",
+                    f"{model.revision!r} is a branch or tag, which moves: pin the 40-hex commit it points at "
+                    f"(the model page's commit history, or `hf download --revision {model.revision}` prints the "
+                    "snapshot path), or set cluster.requireCommitRevisions: false for a lab",
+                )
             if model.gfd_product is not None and not self.cluster.gpu_feature_discovery:
                 raise _at(
                     f"models[{i}].gfdProduct",
