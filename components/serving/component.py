@@ -119,13 +119,13 @@ class VllmService(pulumi.ComponentResource):
         )
         service = k8s.core.v1.Service(f"{name}-service", metadata=meta(base, "inference-server"), spec=service_spec(model), opts=child)
         k8s.networking.v1.NetworkPolicy(
-            f"{name}-network-policy", metadata=meta(base, "inference-server"), spec=network_policy_spec(model), opts=child
+            f"{name}-network-policy", metadata=meta(base, "inference-server"), spec=network_policy_spec(model, cluster, namespace), opts=child
         )
         k8s.policy.v1.PodDisruptionBudget(
             f"{name}-pdb", metadata=meta(base, "inference-server"), spec=disruption_budget_spec(model), opts=child
         )
         k8s.networking.v1.NetworkPolicy(
-            f"{name}-egress", metadata=meta(f"{base}-egress", "inference-server"), spec=egress_policy_spec(model), opts=child
+            f"{name}-egress", metadata=meta(f"{base}-egress", "inference-server"), spec=egress_policy_spec(model, cluster), opts=child
         )
 
         if model.ingress is not None and cluster.edge == "gateway":

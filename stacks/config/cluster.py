@@ -71,6 +71,30 @@ class Monitoring(_Model):
     """Labels the Prometheus selects PodMonitors and PrometheusRules by (kube-prometheus-stack: `release: <release>`)."""
 
 
+PodLabels = dict[Annotated[str, StringConstraints(pattern=LABEL_KEY)], LabelValue]
+
+
+class Network(_Model):
+    """Who may reach the model servers inside the cluster, and which resolver they may ask. vLLM's
+    API key guards `/v1` only: `/metrics`, `/tokenize`, `/invocations` and the admin endpoints
+    answer anyone who reaches the port, so the port is open to these pods alone."""
+
+    ingress_namespace: K8sName = "ingress-nginx"
+    """Namespace of the edge's proxy pods: ingress-nginx, or the Gateway implementation's data plane with `edge: gateway`."""
+    ingress_pod_labels: PodLabels = {"app.kubernetes.io/name": "ingress-nginx"}
+    """Labels of those proxy pods (the ingress-nginx chart's; for a Gateway, its data-plane pods')."""
+    monitoring_namespace: K8sName = "monitoring"
+    """Namespace of the Prometheus that scrapes `/metrics`."""
+    monitoring_pod_labels: PodLabels = {"app.kubernetes.io/name": "prometheus"}
+    """Labels of the Prometheus pods (kube-prometheus-stack's)."""
+    client_namespaces: list[K8sName] = []
+    """Namespaces whose pods call the models in-cluster (the exported `url`); by default none but the edge."""
+    dns_namespace: K8sName = "kube-system"
+    """Namespace of the cluster DNS, the only resolver the serving pods may ask."""
+    dns_pod_labels: PodLabels = {"k8s-app": "kube-dns"}
+    """Labels of the cluster DNS pods (CoreDNS and kube-dns both carry `k8s-app: kube-dns`)."""
+
+
 class Gateway(_Model):
     """The Gateway API Gateway the models' HTTPRoutes attach to (it terminates TLS)."""
 
@@ -120,6 +144,8 @@ class Cluster(_Model):
     """RuntimeClass of GPU pods (e.g. `nvidia`) when the NVIDIA runtime is not the node's default."""
     monitoring: Monitoring = Monitoring()
     """Prometheus Operator objects per model (PodMonitor, PrometheusRule)."""
+    network: Network = Network()
+    """The NetworkPolicies' peers: the edge, Prometheus, in-cluster clients, the cluster DNS."""
     require_commit_revisions: bool = True
     """Every `models[].revision` must be a 40-hex commit: a branch moves, so two nodes (or a re-download)
     could serve different weights under one name. false: a lab that follows a branch."""
