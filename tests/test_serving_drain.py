@@ -6,6 +6,7 @@ import pytest
 
 from components import serving
 from components.serving import drain
+from stacks.config.models import image_version
 from policy.rules import check_resources
 from tests.test_serving import DEPLOYMENT, container, model_of, one, prod_model
 from tools.render import Render
@@ -26,7 +27,7 @@ PDB = "kubernetes:policy/v1:PodDisruptionBudget"
     ],
 )
 def test_vllm_version_from_the_tag(image: str, version: tuple[int, ...] | None) -> None:
-    assert drain.vllm_version(image) == version
+    assert image_version(image) == version
 
 
 @pytest.mark.parametrize(

@@ -8,13 +8,12 @@ SIGTERM and finishes what it is streaming, for at most as long as the edge lets 
 
 from __future__ import annotations
 
-import re
-
 import pulumi_kubernetes as k8s
 
 from components.serving.edge import PROXY_TIMEOUT_S
 from components.serving.names import selector_labels
 from stacks.config import Model
+from stacks.config.models import image_version
 
 PRESTOP_S = 15
 """Endpoint removal reaching kube-proxy and ingress-nginx (their sync periods are a few seconds)."""
@@ -36,20 +35,9 @@ def grace_period_seconds() -> int:
     return PRESTOP_S + DRAIN_S + EXIT_S
 
 
-def vllm_version(image: str) -> tuple[int, ...] | None:
-    """(major, minor, patch) from a `vX.Y.Z` tag, also in `repo:tag@sha256:…`; None for a bare
-    digest or a tag that names no release (the flag is then left out: an unknown flag stops vLLM)."""
-    name = image.split("@", 1)[0].rsplit("/", 1)[-1]
-    if ":" not in name:
-        return None
-    match = re.fullmatch(r"v?(\d+)\.(\d+)(?:\.(\d+))?(?:[.+-].*)?", name.rsplit(":", 1)[1])
-    if not match:
-        return None
-    return tuple(int(part or 0) for part in match.groups())
-
-
 def shutdown_args(model: Model) -> list[str]:
-    version = vllm_version(model.image)
+    # None for a bare digest or a tag that names no release: the flag is then left out (an unknown flag stops vLLM).
+    version = image_version(model.image)
     if version is None or version[:2] < SHUTDOWN_TIMEOUT_SINCE:
         return []
     return [f"--shutdown-timeout={DRAIN_S}"]

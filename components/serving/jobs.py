@@ -9,7 +9,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from components.serving.names import DOWNLOAD_DIR, MARKER_DIR, PORT, STATE_DIR, labels, object_name, secret_name
-from components.serving.profile import NON_ROOT_UID, non_root, pod_security_context
+from components.serving.profile import NON_ROOT_UID, identity_env, non_root, pod_security_context
 from components.serving.server import (
     MODEL_MOUNT_ARGS,
     container_args,
@@ -191,6 +191,7 @@ def job_spec(model: Model, cluster: ClusterConfig, claim_name: pulumi.Input[str]
             k8s.core.v1.EnvVarArgs(name="GS_REPO", value=model.hugging_face_id),
             k8s.core.v1.EnvVarArgs(name="GS_REVISION", value=model.revision),
             k8s.core.v1.EnvVarArgs(name="GS_MARKER_DIR", value=MARKER_DIR),
+            *(k8s.core.v1.EnvVarArgs(name=k, value=v) for k, v in (identity_env("/tmp") if non_root(model) else {}).items()),
         ],
         resources=k8s.core.v1.ResourceRequirementsArgs(requests={"cpu": "500m", "memory": "1Gi"}, limits={"memory": "4Gi"}),
         volume_mounts=[MODEL_MOUNT_ARGS, k8s.core.v1.VolumeMountArgs(name="tmp", mount_path="/tmp")],

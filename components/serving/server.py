@@ -111,6 +111,18 @@ def model_volume(claim_name: pulumi.Input[str]) -> k8s.core.v1.VolumeArgs:
 MODEL_MOUNT_ARGS = k8s.core.v1.VolumeMountArgs(name="models", mount_path=MODEL_MOUNT)
 
 
+def resources(model: Model, shm_gi: int) -> k8s.core.v1.ResourceRequirementsArgs:
+    """Guaranteed QoS: requests equal limits for CPU and memory, so under node pressure the kubelet
+    evicts a GPU pod last, never before a best-effort batch pod. The memory includes /dev/shm (a
+    memory-backed emptyDir is charged to the container). GPUs only as a limit (the request is
+    defaulted equal): a card is never shared."""
+    memory = memory_limit(model.memory, shm_gi)
+    return k8s.core.v1.ResourceRequirementsArgs(
+        limits={"nvidia.com/gpu": str(model.gpus_per_replica), "cpu": model.cpu, "memory": memory},
+        requests={"cpu": model.cpu, "memory": memory},
+    )
+
+
 def pod_spec(model: Model, cluster: ClusterConfig, claim_name: pulumi.Input[str], api_key: bool) -> k8s.core.v1.PodSpecArgs:
     shm = shm_size_gi(model.gpus_per_replica)
     scratch, scratch_mounts = scratch_volumes(model)
@@ -124,11 +136,7 @@ def pod_spec(model: Model, cluster: ClusterConfig, claim_name: pulumi.Input[str]
                 args=container_args(model),
                 ports=[k8s.core.v1.ContainerPortArgs(name="http", container_port=PORT, protocol="TCP")],
                 env=server_env(model, api_key),
-                resources=k8s.core.v1.ResourceRequirementsArgs(
-                    # GPUs only as a limit (the request is defaulted equal): a card is never shared.
-                    limits={"nvidia.com/gpu": str(model.gpus_per_replica), "memory": memory_limit(model.memory, shm)},
-                    requests={"cpu": model.cpu, "memory": model.memory},
-                ),
+                resources=resources(model, shm),
                 volume_mounts=[MODEL_MOUNT_ARGS, k8s.core.v1.VolumeMountArgs(name="dshm", mount_path="/dev/shm"), *scratch_mounts],
                 startup_probe=startup_probe(model.weights_gb),
                 readiness_probe=readiness_probe(),
@@ -151,6 +159,7 @@ def pod_spec(model: Model, cluster: ClusterConfig, claim_name: pulumi.Input[str]
         automount_service_account_token=False,
         security_context=pod_security_context(model),
         termination_grace_period_seconds=grace_period_seconds(),
+        priority_class_name=cluster.priority_class.name if cluster.priority_class else None,
     )
 
 

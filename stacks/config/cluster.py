@@ -95,6 +95,26 @@ class Network(_Model):
     """Labels of the cluster DNS pods (CoreDNS and kube-dns both carry `k8s-app: kube-dns`)."""
 
 
+class PodSecurity(_Model):
+    """Pod Security admission labels of the namespace (`pod-security.kubernetes.io/*`)."""
+
+    enforce: Literal["baseline", "restricted"] = "baseline"
+    """Refused pods: `baseline` at least (no privileged, host namespaces or hostPath); `restricted` needs every model `nonRoot`."""
+    warn: Literal["baseline", "restricted"] = "restricted"
+    """Warned at apply time: `restricted` shows what a root profile still lacks."""
+
+
+class PriorityClass(_Model):
+    """The PriorityClass of the serving pods: above batch work, so the scheduler preempts a batch pod for a GPU pod and never the reverse."""
+
+    name: K8sName = "gpu-serving"
+    """Its name (the pods' `priorityClassName`)."""
+    value: int = Field(1_000_000, ge=1, le=1_000_000_000)
+    """Its priority; batch workloads are usually 0 (no class). At most 10⁹ (above is for system-critical pods)."""
+    create: bool = True
+    """Create it (cluster-scoped, kept when the stack goes); false when the cluster already defines `name`."""
+
+
 class Gateway(_Model):
     """The Gateway API Gateway the models' HTTPRoutes attach to (it terminates TLS)."""
 
@@ -144,6 +164,10 @@ class Cluster(_Model):
     """RuntimeClass of GPU pods (e.g. `nvidia`) when the NVIDIA runtime is not the node's default."""
     monitoring: Monitoring = Monitoring()
     """Prometheus Operator objects per model (PodMonitor, PrometheusRule)."""
+    pod_security: PodSecurity = PodSecurity()
+    """Pod Security admission levels put on the namespace (when the stack creates it)."""
+    priority_class: PriorityClass | None = PriorityClass()
+    """PriorityClass of the serving pods; null: none (the cluster's default priority)."""
     network: Network = Network()
     """The NetworkPolicies' peers: the edge, Prometheus, in-cluster clients, the cluster DNS."""
     require_commit_revisions: bool = True

@@ -157,11 +157,12 @@ class Model(_Model):
     egress_cidrs: list[Annotated[str, StringConstraints(pattern=CIDR)]] = []
     """Networks the serving pods may reach besides DNS (e.g. a tracing collector); by default nothing else."""
     cpu: str = Field("4", pattern=r"^[0-9]+(\.[0-9]+|m)?$")
-    """CPU request of each pod (no CPU limit: throttling hurts inference)."""
+    """CPU request and limit of each pod (equal: Guaranteed QoS; a whole number gets exclusive cores under the static CPU manager, so no throttling)."""
     memory: str = Field("16Gi", pattern=r"^[0-9]+(Ki|Mi|Gi|Ti)$")
-    """Memory request; the limit adds the /dev/shm size."""
+    """Memory for the engine; request and limit are this plus the /dev/shm size (equal: Guaranteed QoS)."""
     security_profile: Literal["root", "nonRoot"] = "root"
-    """`nonRoot`: UID/GID 2000 (the `vllm-openai` non-root image), read-only root filesystem, emptyDirs for HOME and /tmp."""
+    """`nonRoot`: UID/GID 65534 (`nobody`, in every vLLM image's passwd), USER/LOGNAME/HOME set, read-only root filesystem,
+    emptyDirs for HOME and /tmp; needs a `vX.Y` image tag of v0.11 or newer."""
     smoke_test: bool = True
     """After each rollout, a Job asks the model for one token; `pulumi up` fails when inference does not answer."""
 
@@ -171,6 +172,18 @@ class Model(_Model):
         if image.endswith(":latest"):
             raise ValueError(f"{image!r} is not pinned; use a version tag such as vllm/vllm-openai:v0.11.0")
         return image
+
+    @model_validator(mode="after")
+    def _non_root_image(self) -> Model:
+        if self.security_profile != "nonRoot":
+            return self
+        version = image_version(self.image)
+        if version is None or version < NON_ROOT_SINCE:
+            since = "v" + ".".join(map(str, NON_ROOT_SINCE))
+            found = "a tag that names no release" if version is None else f"v{'.'.join(map(str, version))}"
+            raise _at_key("securityProfile", f"nonRoot needs a vLLM image of {since} or newer, tagged so its version is known "
+                          f"(`repo:vX.Y.Z` or `repo:vX.Y.Z@sha256:…`); {self.image} has {found}. Use such an image or securityProfile: root")
+        return self
 
     @field_validator("name")
     @classmethod
@@ -194,6 +207,32 @@ class Model(_Model):
             if name in BUNDLE_ENV:
                 raise ValueError(f"{name} is set by the bundle from {BUNDLE_ENV[name]}; remove it from env")
         return env
+
+
+NON_ROOT_SINCE = (0, 11)
+"""Oldest vLLM image the nonRoot profile's paths are written for: older images kept their Python under
+/root (vllm#15174), which another user cannot read."""
+
+
+def image_version(image: str) -> tuple[int, ...] | None:
+    """(major, minor, patch) from a `vX.Y.Z` tag, also in `repo:tag@sha256:…`; None for a bare digest or a tag that names no release."""
+    name = image.split("@", 1)[0].rsplit("/", 1)[-1]
+    if ":" not in name:
+        return None
+    match = re.fullmatch(r"v?(\d+)\.(\d+)(?:\.(\d+))?(?:[.+-].*)?", name.rsplit(":", 1)[1])
+    if not match:
+        return None
+    return tuple(int(part or 0) for part in match.groups())
+
+
+def _at_key(key: str, message: str) -> ValueError:
+    return _KeyError(key, message)
+
+
+class _KeyError(ValueError):
+    def __init__(self, key: str, message: str):
+        super().__init__(message)
+        self.sub_path = f".{key}"
 
 
 SECRET_LIKE = re.compile(r"TOKEN|SECRET|PASSW|API_?KEY|PRIVATE|CREDENTIAL", re.IGNORECASE)

@@ -37,7 +37,19 @@ class StackConfig(_Model):
         self._check_storage_node()
         self._check_models()
         self._check_runtimes()
+        self._check_pod_security()
         return self
+
+    def _check_pod_security(self) -> None:
+        if self.cluster.pod_security.enforce != "restricted":
+            return
+        for i, model in enumerate(self.models):
+            if model.security_profile != "nonRoot":
+                raise _at(
+                    f"models[{i}].securityProfile",
+                    "root, but cluster.podSecurity.enforce is restricted, which refuses pods that run as root: "
+                    "set securityProfile: nonRoot, or enforce: baseline",
+                )
 
     def _check_runtimes(self) -> None:
         # k3s/rke2 add the `nvidia` runtime but never make it the default: GPU pods must name it.
