@@ -146,6 +146,8 @@ class ClusterBase(pulumi.ComponentResource):
     """Namespace of every namespaced object of the stack."""
     adapter_rules: pulumi.Output[str | None]
     """`namespace/name` of the prometheus-adapter rules ConfigMap, when the stack has HPAs."""
+    serving_needs: list[pulumi.Resource]
+    """What the serving pods need before they are created (the PriorityClass: admission refuses a pod naming a missing one)."""
 
     def __init__(self, name: str, args: ClusterArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("gpu-serving:cluster:ClusterBase", name, None, opts)
@@ -163,12 +165,13 @@ class ClusterBase(pulumi.ComponentResource):
         gpu_runtime = runtime_class(cluster)
         if gpu_runtime is not None:
             k8s.node.v1.RuntimeClass(f"{name}-runtime-class", **gpu_runtime, opts=pulumi.ResourceOptions(parent=self))
+        self.serving_needs = []
         priority = priority_class(cluster)
         if priority is not None:
             # Cluster-scoped and possibly shared: kept when the stack goes, like the namespace.
-            k8s.scheduling.v1.PriorityClass(
+            self.serving_needs.append(k8s.scheduling.v1.PriorityClass(
                 f"{name}-priority-class", **priority, opts=pulumi.ResourceOptions(parent=self, retain_on_delete=True)
-            )
+            ))
         plugin = device_plugin(cluster)
         if plugin is not None:
             k8s.apps.v1.DaemonSet(f"{name}-device-plugin", **plugin, opts=pulumi.ResourceOptions(parent=self))

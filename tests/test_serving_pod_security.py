@@ -58,3 +58,10 @@ def test_priority_class_is_configurable(render) -> None:  # type: ignore[no-unty
     assert one(existing, DEPLOYMENT)["spec"]["template"]["spec"]["priorityClassName"] == "high"
     off = render(cluster=cluster_with(priorityClass=None))
     assert off.of_type(PRIORITY_CLASS) == [] and "priorityClassName" not in one(off, DEPLOYMENT)["spec"]["template"]["spec"]
+
+
+def test_the_deployment_waits_for_its_priority_class(prod: Render) -> None:
+    # Admission refuses a pod whose priorityClassName does not exist yet.
+    (priority,) = prod.of_type(PRIORITY_CLASS)
+    (deployment,) = prod.of_type(DEPLOYMENT)
+    assert priority.urn in deployment.options["dependsOn"]

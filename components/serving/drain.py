@@ -3,7 +3,12 @@
 On deletion (rollout, scale-down, node drain) the pod leaves the Service's endpoints at once, but
 kube-proxy and the ingress controller learn it a few seconds later. The preStop hook holds SIGTERM
 back for that long, so no new request reaches a server that is shutting down; then vLLM gets
-SIGTERM and finishes what it is streaming, for at most as long as the edge lets a stream run.
+SIGTERM and finishes what it is streaming, for at most DRAIN_S.
+
+Which edge bounds a stream: a Gateway's `timeouts.request` ends every request after PROXY_TIMEOUT_S
+in total, so with `edge: gateway` nothing outlives the drain. ingress-nginx's `proxy-read-timeout`
+is an idle timeout between two reads: a stream that keeps sending tokens has no total bound there,
+so the drain is the bound (`--shutdown-timeout` ends what still runs; docs/failure-modes.md).
 """
 
 from __future__ import annotations
@@ -20,7 +25,8 @@ PRESTOP_S = 15
 
 
 DRAIN_S = PROXY_TIMEOUT_S
-"""In-flight requests may run as long as the edge lets a stream run; none is longer."""
+"""How long in-flight requests may still run after SIGTERM: the Gateway's total request timeout, so
+no request it admitted is cut; behind ingress-nginx, longer streams are cut here."""
 
 
 EXIT_S = 15

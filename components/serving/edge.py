@@ -9,7 +9,8 @@ from stacks.config import Cluster as ClusterConfig
 from stacks.config import Model
 
 PROXY_TIMEOUT_S = 600
-"""Longest a request may stream through the edge; the drain on shutdown is sized from it too."""
+"""The Gateway's total request timeout (`timeouts.request`), and ingress-nginx's read/send timeouts,
+which are idle timeouts between two reads and bound no stream; the drain on shutdown is sized from it."""
 
 
 OPENAI_PREFIX = "/v1"

@@ -76,7 +76,7 @@ EXIT_NOT_FOUND = 11
 # complete download, so an interrupted run is resumed rather than mistaken for done, a finished
 # one costs seconds, and a branch that moved is downloaded again. Errors that no retry heals exit
 # with their own codes, which the Job's podFailurePolicy turns into an immediate failure.
-DOWNLOAD_SCRIPT = """\
+DOWNLOAD_SCRIPT = f"EXIT_AUTH, EXIT_NOT_FOUND = {EXIT_AUTH}, {EXIT_NOT_FOUND}\n" + """\
 import os, pathlib, re, sys
 from huggingface_hub import HfApi, snapshot_download
 from huggingface_hub.utils import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
@@ -98,22 +98,22 @@ try:
     # By the configured revision: the cache then records refs/<branch>, which the offline server reads.
     path = snapshot_download(repo, revision=revision, cache_dir=cache, ignore_patterns=ignore)
 except GatedRepoError:
-    fail(%(auth)d, "gated repository: accept its terms on huggingface.co with the token's account, then re-run")
+    fail(EXIT_AUTH, "gated repository: accept its terms on huggingface.co with the token's account, then re-run")
 except RevisionNotFoundError:
-    fail(%(missing)d, "no such revision: fix models[].revision")
+    fail(EXIT_NOT_FOUND, "no such revision: fix models[].revision")
 except RepositoryNotFoundError:
-    fail(%(missing)d, "no such repository, or private and the token may not read it: fix huggingFaceId or the token")
+    fail(EXIT_NOT_FOUND, "no such repository, or private and the token may not read it: fix huggingFaceId or the token")
 except HfHubHTTPError as error:
     status = getattr(error.response, "status_code", None)
     if status in (401, 403):
-        fail(%(auth)d, f"the hub refused the token ({status}): set a valid hfToken secret")
+        fail(EXIT_AUTH, f"the hub refused the token ({status}): set a valid hfToken secret")
     raise
 # The snapshot folder is named by the commit it holds: a branch that moved meanwhile is keyed right.
 marker = markers / f"{repo.replace('/', '--')}@{pathlib.PurePath(path).name}.done"
 marker.parent.mkdir(parents=True, exist_ok=True)
 marker.write_text(path + "\\n")
 print(f"{repo}@{marker.stem.split('@')[-1]} ready in {path}")
-""" % {"auth": EXIT_AUTH, "missing": EXIT_NOT_FOUND}
+"""
 
 
 def smoke_job_name(model: Model) -> str:

@@ -21,7 +21,8 @@ def check_namespace_pod_security(resource: Resource, _cfg: Mapping) -> Iterator[
         yield (f"namespace enforces no Pod Security level ({POD_SECURITY}/enforce is {enforce or 'unset'}): any pod, "
                f"privileged or with hostPath, is admitted next to the models. Label it {POD_SECURITY}/enforce: baseline "
                f"(or restricted).")
-    if warn not in ("baseline", "restricted") or LEVELS.index(str(warn)) < LEVELS.index(str(enforce) if enforce in LEVELS else "privileged"):
+    enforced = LEVELS.index(str(enforce)) if enforce in LEVELS else 0
+    if warn not in ("baseline", "restricted") or LEVELS.index(str(warn)) < enforced:
         yield (f"namespace has no {POD_SECURITY}/warn level at or above its enforce level: nobody sees what a "
                f"stricter level would refuse. Label it {POD_SECURITY}/warn: restricted.")
 
@@ -36,7 +37,9 @@ def check_guaranteed_qos(resource: Resource, _cfg: Mapping) -> Iterator[str]:
         if not k8s.is_vllm_server(c):
             continue
         requests, limits = as_map(dig(c, "resources", "requests")), as_map(dig(c, "resources", "limits"))
-        unequal = [r for r in ("cpu", "memory") if limits.get(r) is None or _quantity(requests.get(r, limits.get(r))) != _quantity(limits.get(r))]
+        # A request left out defaults to the limit.
+        unequal = [r for r in ("cpu", "memory")
+                   if limits.get(r) is None or _quantity(requests.get(r, limits.get(r))) != _quantity(limits.get(r))]
         if unequal:
             yield (f"container '{container_name(c)}' is not Guaranteed QoS ({', '.join(unequal)}: request ≠ limit or "
                    f"no limit): under node pressure the kubelet evicts it before Guaranteed pods, and a model takes "

@@ -105,7 +105,8 @@ class PodSecurity(_Model):
 
 
 class PriorityClass(_Model):
-    """The PriorityClass of the serving pods: above batch work, so the scheduler preempts a batch pod for a GPU pod and never the reverse."""
+    """The PriorityClass of the serving pods: above batch work, so the scheduler preempts a batch pod for a
+    GPU pod and never the reverse."""
 
     name: K8sName = "gpu-serving"
     """Its name (the pods' `priorityClassName`)."""

@@ -157,7 +157,8 @@ class Model(_Model):
     egress_cidrs: list[Annotated[str, StringConstraints(pattern=CIDR)]] = []
     """Networks the serving pods may reach besides DNS (e.g. a tracing collector); by default nothing else."""
     cpu: str = Field("4", pattern=r"^[0-9]+(\.[0-9]+|m)?$")
-    """CPU request and limit of each pod (equal: Guaranteed QoS; a whole number gets exclusive cores under the static CPU manager, so no throttling)."""
+    """CPU request and limit of each pod (equal: Guaranteed QoS; a whole number gets exclusive cores under the
+    static CPU manager, so no throttling)."""
     memory: str = Field("16Gi", pattern=r"^[0-9]+(Ki|Mi|Gi|Ti)$")
     """Memory for the engine; request and limit are this plus the /dev/shm size (equal: Guaranteed QoS)."""
     security_profile: Literal["root", "nonRoot"] = "root"
@@ -181,8 +182,9 @@ class Model(_Model):
         if version is None or version < NON_ROOT_SINCE:
             since = "v" + ".".join(map(str, NON_ROOT_SINCE))
             found = "a tag that names no release" if version is None else f"v{'.'.join(map(str, version))}"
-            raise _at_key("securityProfile", f"nonRoot needs a vLLM image of {since} or newer, tagged so its version is known "
-                          f"(`repo:vX.Y.Z` or `repo:vX.Y.Z@sha256:…`); {self.image} has {found}. Use such an image or securityProfile: root")
+            raise _at_key("securityProfile", f"nonRoot needs a vLLM image of {since} or newer, tagged so its version is "
+                          f"known (`repo:vX.Y.Z` or `repo:vX.Y.Z@sha256:…`); {self.image} has {found}. "
+                          "Use such an image or securityProfile: root")
         return self
 
     @field_validator("name")
