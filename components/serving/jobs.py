@@ -34,8 +34,9 @@ REQUEST_TIMEOUT_S = 300
 
 
 SMOKE_DEADLINE_S = HEALTH_WAIT_S + 3 * REQUEST_TIMEOUT_S + 60
-"""The Job's activeDeadlineSeconds: the health wait, /v1/models and one completion (one retry of the
-pod's worth of margin on top), so the deadline never cuts the script short of its own message."""
+"""The Job's activeDeadlineSeconds: the health wait, /v1/models and one completion at their longest,
+plus one more request timeout and a minute for pulling the image and starting the pod, so the
+deadline never cuts the script off before it can say what failed."""
 
 
 # `/health` can be green while inference fails (vllm#24207): ask for one real token. Values
