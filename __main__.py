@@ -58,6 +58,7 @@ services = [
             hf_token=stacks.secret(config.hf_token_secret) if config.writes_secrets else None,
             api_key=stacks.secret(model.api_key_secret) if model.api_key_secret and config.writes_secrets else None,
             namespace=cluster.namespace,
+            after=tuple(cluster.serving_needs),
         ),
         opts=kubernetes,
     )

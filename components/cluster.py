@@ -101,6 +101,37 @@ def device_plugin(cluster: ClusterConfig) -> dict[str, Any] | None:
     )
 
 
+POD_SECURITY = "pod-security.kubernetes.io"
+
+
+def namespace_labels(cluster: ClusterConfig) -> dict[str, str]:
+    """Pod Security admission: `enforce` refuses what breaks the level (baseline: no privileged pod,
+    host namespace or hostPath in the models' namespace); `warn` and `audit` report what a stricter
+    level would refuse without refusing it."""
+    levels = cluster.pod_security
+    return {
+        **PART_OF,
+        f"{POD_SECURITY}/enforce": levels.enforce,
+        f"{POD_SECURITY}/warn": levels.warn,
+        f"{POD_SECURITY}/audit": levels.warn,
+    }
+
+
+def priority_class(cluster: ClusterConfig) -> dict[str, Any] | None:
+    """The serving pods' PriorityClass: above batch work, so a GPU pod may preempt a batch pod for its
+    node and is never the one preempted for it. Not the global default: other pods keep theirs."""
+    config = cluster.priority_class
+    if config is None or not config.create:
+        return None
+    return dict(
+        metadata=k8s.meta.v1.ObjectMetaArgs(name=config.name, labels=PART_OF),
+        value=config.value,
+        global_default=False,
+        preemption_policy="PreemptLowerPriority",
+        description="gpu-serving model servers: above batch workloads on the GPU nodes",
+    )
+
+
 @dataclass(frozen=True)
 class ClusterArgs:
     cluster: ClusterConfig
@@ -115,6 +146,8 @@ class ClusterBase(pulumi.ComponentResource):
     """Namespace of every namespaced object of the stack."""
     adapter_rules: pulumi.Output[str | None]
     """`namespace/name` of the prometheus-adapter rules ConfigMap, when the stack has HPAs."""
+    serving_needs: list[pulumi.Resource]
+    """What the serving pods need before they are created (the PriorityClass: admission refuses a pod naming a missing one)."""
 
     def __init__(self, name: str, args: ClusterArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("gpu-serving:cluster:ClusterBase", name, None, opts)
@@ -122,7 +155,7 @@ class ClusterBase(pulumi.ComponentResource):
         if cluster.create_namespace:
             namespace = k8s.core.v1.Namespace(
                 f"{name}-namespace",
-                metadata=k8s.meta.v1.ObjectMetaArgs(name=cluster.namespace, labels=PART_OF),
+                metadata=k8s.meta.v1.ObjectMetaArgs(name=cluster.namespace, labels=namespace_labels(cluster)),
                 # Deleting a namespace deletes the model claim in it: keep it when the stack goes.
                 opts=pulumi.ResourceOptions(parent=self, retain_on_delete=True),
             )
@@ -132,6 +165,13 @@ class ClusterBase(pulumi.ComponentResource):
         gpu_runtime = runtime_class(cluster)
         if gpu_runtime is not None:
             k8s.node.v1.RuntimeClass(f"{name}-runtime-class", **gpu_runtime, opts=pulumi.ResourceOptions(parent=self))
+        self.serving_needs = []
+        priority = priority_class(cluster)
+        if priority is not None:
+            # Cluster-scoped and possibly shared: kept when the stack goes, like the namespace.
+            self.serving_needs.append(k8s.scheduling.v1.PriorityClass(
+                f"{name}-priority-class", **priority, opts=pulumi.ResourceOptions(parent=self, retain_on_delete=True)
+            ))
         plugin = device_plugin(cluster)
         if plugin is not None:
             k8s.apps.v1.DaemonSet(f"{name}-device-plugin", **plugin, opts=pulumi.ResourceOptions(parent=self))

@@ -86,7 +86,8 @@ def generated_stack(models: int, nodes: int) -> dict[str, Any]:
         ],
         "gpu-serving:modelStorage": {"type": "nfs", "server": "nas.lan", "path": "/export/models", "sizeGi": 100_000},
         "gpu-serving:models": [
-            {"name": f"model-{i:03d}", "huggingFaceId": f"org/model-{i:03d}", "gpuProduct": "nvidia-a100", "weightsGb": 16,
+            {"name": f"model-{i:03d}", "huggingFaceId": f"org/model-{i:03d}", "revision": f"{i:040x}",
+             "gpuProduct": "nvidia-a100", "weightsGb": 16,
              "replicas": {"min": 1, "max": 1}, "ingress": {"host": "ai.example.org", "path": f"/m{i:03d}"},
              "apiKeySecret": "vllmApiKey"}  # a public model must authenticate
             for i in range(models)

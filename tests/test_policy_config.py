@@ -41,7 +41,7 @@ def test_the_file_fits_the_pack_schema(prod, tmp_path: Path) -> None:  # type: i
         assert policy in rules, policy
         assert set(settings) <= set(rules[policy].config), (policy, settings)
         for key, value in settings.items():
-            expected = {"string": str, "array": list, "integer": int}[rules[policy].config[key]["type"]]
+            expected = {"string": str, "array": list, "integer": int, "boolean": bool}[rules[policy].config[key]["type"]]
             assert isinstance(value, expected), (policy, key, value)
 
 

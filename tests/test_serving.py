@@ -124,7 +124,7 @@ def test_container_args_are_the_seed_flags_from_config() -> None:
     args = serving.container_args(model_of(gpusPerReplica=2, extraArgs=["--enable-prefix-caching"]))
     assert args == [
         "Qwen/Qwen3-8B-AWQ",  # positional: `vllm serve --model` is deprecated
-        "--revision=main",
+        "--revision=4da05a8edb55c6046cce958586c33b61da07bb79",
         "--served-model-name=qwen3",
         "--host=0.0.0.0",
         "--port=8000",
@@ -193,13 +193,13 @@ def test_flag_names_are_normalised(arg: str, flag: str | None) -> None:
 # ---------------------------------------------------------------------------- the prod render
 
 
-def test_gpu_is_a_limit_only_with_cpu_and_memory_requests(prod: Render) -> None:
+def test_gpu_is_a_limit_only_and_cpu_memory_are_guaranteed(prod: Render) -> None:
     resources = container(one(prod, DEPLOYMENT))["resources"]
     assert resources["limits"]["nvidia.com/gpu"] == "1"
     assert "nvidia.com/gpu" not in resources["requests"]
-    assert resources["requests"] == {"cpu": "4", "memory": "16Gi"}
-    assert resources["limits"]["memory"] == "24Gi"  # 16Gi + the 8Gi /dev/shm
-    assert "cpu" not in resources["limits"]
+    # Issue 24: Guaranteed QoS, requests = limits; the memory is 16Gi + the 8Gi /dev/shm.
+    assert resources["requests"] == {"cpu": "4", "memory": "24Gi"}
+    assert {k: v for k, v in resources["limits"].items() if k != "nvidia.com/gpu"} == {"cpu": "4", "memory": "24Gi"}
 
 
 def test_probes_use_health_and_the_startup_budget(prod: Render) -> None:
@@ -290,9 +290,13 @@ def test_rollout_never_needs_a_spare_gpu(prod: Render) -> None:
     assert spec["progressDeadlineSeconds"] == serving.deployment_timeout_seconds(6)
 
 
-def test_scrape_annotations_and_recommended_labels(prod: Render) -> None:
+def test_scrape_annotations_only_without_the_pod_monitor(prod: Render, render) -> None:  # type: ignore[no-untyped-def]
+    # Issue 24: annotations beside a PodMonitor double every series where an annotation job exists.
     template = one(prod, DEPLOYMENT)["spec"]["template"]
-    assert template["metadata"]["annotations"] == {
+    assert prod.config.cluster.monitoring.pod_monitor
+    assert not any(k.startswith("prometheus.io/") for k in template["metadata"].get("annotations") or {})
+    plain = render(cluster=prod_raw()["cluster"] | {"monitoring": {"podMonitor": False}})
+    assert one(plain, DEPLOYMENT)["spec"]["template"]["metadata"]["annotations"] == {
         "prometheus.io/scrape": "true",
         "prometheus.io/port": "8000",
         "prometheus.io/path": "/metrics",
@@ -334,7 +338,8 @@ def test_download_job_fills_the_same_cache_without_a_gpu(prod: Render) -> None:
     assert pod["tolerations"][0]["key"] == "nvidia.com/gpu"  # ... which is a tainted GPU node
     env = env_of(c)
     assert env["HF_HUB_CACHE"] == "/models/hub"
-    assert env["GS_REPO"] == "Qwen/Qwen3-8B-AWQ" and env["GS_REVISION"] == "main"
+    assert env["GS_REPO"] == "Qwen/Qwen3-8B-AWQ" and env["GS_REVISION"] == prod.config.models[0].revision
+    assert env["GS_MARKER_DIR"] == serving.MARKER_DIR
     assert env["HF_TOKEN"] == {"secretKeyRef": {"name": "vllm-qwen3-secrets", "key": "hf-token"}}
     assert "HF_HUB_OFFLINE" not in env
     assert c["command"][:2] == ["python3", "-c"] and "snapshot_download" in c["command"][2]

@@ -7,6 +7,7 @@ import pytest
 from components import serving
 from components.serving import drain
 from policy.rules import check_resources
+from stacks.config.models import image_version
 from tests.test_serving import DEPLOYMENT, container, model_of, one, prod_model
 from tools.render import Render
 
@@ -26,7 +27,7 @@ PDB = "kubernetes:policy/v1:PodDisruptionBudget"
     ],
 )
 def test_vllm_version_from_the_tag(image: str, version: tuple[int, ...] | None) -> None:
-    assert drain.vllm_version(image) == version
+    assert image_version(image) == version
 
 
 @pytest.mark.parametrize(
@@ -68,3 +69,18 @@ def test_older_image_still_gets_prestop_and_grace(render) -> None:  # type: igno
     assert deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == drain.grace_period_seconds()
     entries = [{"type": r.type, "name": r.name, "inputs": r.inputs} for r in result.resources if r.custom]
     assert not [v for v in check_resources(entries) if v.policy == "vllm-graceful-drain"]
+
+
+def test_docs_say_which_edge_bounds_a_stream() -> None:
+    # Issue 24 item 6: proxy-read-timeout is an idle timeout; only the Gateway's timeouts.request
+    # bounds a stream. The README must not claim a bound ingress-nginx does not give, and the gap
+    # is listed with what bounds it instead (the drain).
+    from tools.render import ROOT
+
+    readme = (ROOT / "README.md").read_text()
+    assert "the edge's stream timeout" not in readme
+    assert "`proxy-read-timeout` is an *idle* timeout" in readme and "`timeouts.request` (600 s) ends" in readme
+    (gap,) = [line for line in (ROOT / "docs/failure-modes.md").read_text().splitlines()
+              if line.startswith("| a stream runs longer than 600 s behind ingress-nginx")]
+    assert "idle timeout" in gap and "--shutdown-timeout=600" in gap and "timeouts.request" in gap
+    assert f"--shutdown-timeout={drain.DRAIN_S}" in gap and drain.DRAIN_S == serving.PROXY_TIMEOUT_S

@@ -100,14 +100,66 @@ def test_serving_pods_reach_dns_and_nothing_else(prod: Render) -> None:
     assert spec["podSelector"]["matchLabels"] == serving.selector_labels(prod.config.models[0])
     job_labels = one(prod, JOB)["spec"]["template"]["metadata"]["labels"]
     assert not all(job_labels.get(k) == v for k, v in spec["podSelector"]["matchLabels"].items())
-    assert spec["egress"] == [{"ports": [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}]}]
+    # Issue 24: DNS only to the cluster DNS pods, not to any resolver on port 53 (a tunnel out).
+    assert spec["egress"] == [{
+        "to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+                "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}],
+        "ports": [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}],
+    }]
+
+
+def ingress_policy(render: Render) -> dict[str, Any]:
+    (policy,) = [p for p in render.of_type(NETWORK_POLICY) if p.inputs["spec"]["policyTypes"] == ["Ingress"]]
+    return policy.inputs
+
+
+def peer(namespace: str, labels: dict[str, str] | None) -> dict[str, Any]:
+    found: dict[str, Any] = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}}
+    if labels:
+        found["podSelector"] = {"matchLabels": labels}
+    return found
+
+
+def test_the_api_port_admits_only_the_edge_prometheus_and_the_smoke_test(prod: Render) -> None:
+    # Issue 24: without `from`, every pod of every namespace reached /metrics, /tokenize, /invocations.
+    (rule,) = ingress_policy(prod)["spec"]["ingress"]
+    assert rule["ports"] == [{"port": 8000, "protocol": "TCP"}]
+    smoke_labels = next(j for j in prod.of_type(JOB) if "-smoke-" in j.inputs["metadata"]["name"]).inputs[
+        "spec"]["template"]["metadata"]["labels"]
+    assert rule["from"] == [
+        peer("ingress-nginx", {"app.kubernetes.io/name": "ingress-nginx"}),
+        peer("monitoring", {"app.kubernetes.io/name": "prometheus"}),
+        peer("ai", {**serving.instance_labels(prod.config.models[0]), "app.kubernetes.io/component": "smoke-test"}),
+    ]
+    assert all(smoke_labels[k] == v for k, v in rule["from"][2]["podSelector"]["matchLabels"].items())
+
+
+def test_peers_are_configurable(render) -> None:  # type: ignore[no-untyped-def]
+    network = {"ingressNamespace": "envoy-gateway-system", "ingressPodLabels": {"gateway.envoyproxy.io/owning-gateway-name": "edge"},
+               "monitoringNamespace": "observability", "monitoringPodLabels": {"app": "prom"},
+               "clientNamespaces": ["apps"], "dnsNamespace": "dns", "dnsPodLabels": {"app": "unbound"}}
+    result = render(cluster=prod_raw()["cluster"] | {"network": network})
+    peers = ingress_policy(result)["spec"]["ingress"][0]["from"]
+    assert peers[0] == peer("envoy-gateway-system", {"gateway.envoyproxy.io/owning-gateway-name": "edge"})
+    assert peers[1] == peer("observability", {"app": "prom"})
+    assert peers[-1] == peer("apps", None)
+    assert egress_policy(result)["spec"]["egress"][0]["to"] == [peer("dns", {"app": "unbound"})]
+
+
+def test_a_model_without_ingress_admits_no_edge(render) -> None:  # type: ignore[no-untyped-def]
+    model = prod_model()
+    model.pop("ingress")
+    result = render(models=[model])
+    namespaces = [p["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"]
+                  for p in ingress_policy(result)["spec"]["ingress"][0]["from"]]
+    assert "ingress-nginx" not in namespaces
 
 
 def test_egress_cidrs_open_only_those_networks(render) -> None:  # type: ignore[no-untyped-def]
     result = render(models=[prod_model(egressCidrs=["10.20.0.0/16"])])
     dns, extra = egress_policy(result)["spec"]["egress"]
     assert extra == {"to": [{"ipBlock": {"cidr": "10.20.0.0/16"}}]}
-    assert "to" not in dns
+    assert dns["to"] == [peer("kube-system", {"k8s-app": "kube-dns"})]
 
 
 @pytest.mark.parametrize(

@@ -92,72 +92,131 @@ def test_promtool_accepts_the_rules(tmp_path: Path, prod: Render) -> None:
     assert "4 rules found" in result.stdout
 
 
-def test_alerts_fire_when_they_should_and_only_then(tmp_path: Path, prod: Render) -> None:
-    model = prod.config.models[0]
-    where = 'namespace="ai",model_name="qwen3",pod="vllm-qwen3-a"'
-    job = serving.download_job_name(model)
-    load_minutes = -(-(serving.startup_budget_seconds(model.weights_gb) + 300) // 60)
-    tests = {
-        "rule_files": [str(rules_file(tmp_path, prod))],
-        "evaluation_interval": "1m",
-        "tests": [
-            {   # the only replica goes away at minute 2: nothing until the startup budget is over
-                "interval": "1m",
-                "input_series": [{"series": 'kube_deployment_status_replicas_available{namespace="ai",deployment="vllm-qwen3"}',
-                                  "values": "1 1 0x60"}],
-                "alert_rule_test": [
-                    {"eval_time": f"{load_minutes}m", "alertname": "VllmNoPodReady", "exp_alerts": []},
-                    {"eval_time": f"{load_minutes + 3}m", "alertname": "VllmNoPodReady",
-                     "exp_alerts": [expected("VllmNoPodReady", {"namespace": "ai", "deployment": "vllm-qwen3"})]},
-                ],
-            },
-            {   # queue > 0 with tokens flowing is busy, not stalled; without tokens it is stalled
-                "interval": "1m",
-                "input_series": [
-                    {"series": f"vllm:num_requests_waiting{{{where}}}", "values": "4x40"},
-                    {"series": f"vllm:generation_tokens_total{{{where}}}", "values": "0+100x20 2000x20"},
-                ],
-                "alert_rule_test": [
-                    {"eval_time": "15m", "alertname": "VllmQueueStalled", "exp_alerts": []},
-                    {"eval_time": "35m", "alertname": "VllmQueueStalled", "exp_alerts": [expected("VllmQueueStalled", {})]},
-                ],
-            },
-            {   # a queue of 0 with no tokens is idle, not stalled
-                "interval": "1m",
-                "input_series": [
-                    {"series": f"vllm:num_requests_waiting{{{where}}}", "values": "0x40"},
-                    {"series": f"vllm:generation_tokens_total{{{where}}}", "values": "5x40"},
-                ],
-                "alert_rule_test": [{"eval_time": "35m", "alertname": "VllmQueueStalled", "exp_alerts": []}],
-            },
-            {
-                "interval": "1m",
-                "input_series": [
-                    {"series": f"vllm:kv_cache_usage_perc{{{where}}}", "values": "0.9x30 0.99x30"},
-                ],
-                "alert_rule_test": [
-                    {"eval_time": "29m", "alertname": "VllmKvCacheNearlyFull", "exp_alerts": []},
-                    {"eval_time": "50m", "alertname": "VllmKvCacheNearlyFull",
-                     "exp_alerts": [expected("VllmKvCacheNearlyFull", {"pod": "vllm-qwen3-a"}, pod="vllm-qwen3-a")]},
-                ],
-            },
-            {
-                "interval": "1m",
-                "input_series": [
-                    {"series": f'kube_job_failed{{namespace="ai",job_name="{job}",condition="true"}}', "values": "0 0 1x5"},
-                    {"series": f'kube_job_failed{{namespace="ai",job_name="{job}",condition="false"}}', "values": "1 1 0x5"},
-                    {"series": 'kube_job_failed{namespace="ai",job_name="other-job",condition="true"}', "values": "1x7"},
-                ],
-                "alert_rule_test": [
-                    {"eval_time": "1m", "alertname": "VllmModelDownloadFailed", "exp_alerts": []},
-                    {"eval_time": "3m", "alertname": "VllmModelDownloadFailed",
-                     "exp_alerts": [expected("VllmModelDownloadFailed", {"namespace": "ai", "job_name": job, "condition": "true"})]},
-                ],
-            },
-        ],
-    }
+def run_promtool_tests(tmp_path: Path, prod: Render, tests: list[dict[str, Any]]) -> None:
+    spec = {"rule_files": [str(rules_file(tmp_path, prod))], "evaluation_interval": "1m", "tests": tests}
     test_file = tmp_path / "tests.yaml"
-    test_file.write_text(yaml.safe_dump(tests, sort_keys=False))
+    test_file.write_text(yaml.safe_dump(spec, sort_keys=False))
     result = subprocess.run([str(checkers.promtool()), "test", "rules", str(test_file)], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "SUCCESS" in result.stdout
+
+
+# Samples every minute, evaluations at whole minutes plus 30 s: no sample sits on a window's edge,
+# so the cases read the same on promtool 2.x (closed ranges) and 3.x (left-open ranges).
+def at(minutes: int) -> str:
+    return f"{minutes}m30s"
+
+
+AVAILABLE = 'kube_deployment_status_replicas_available{namespace="ai",deployment="vllm-qwen3"}'
+
+
+def test_no_pod_ready_waits_out_a_rollout_and_fires_after_it(tmp_path: Path, prod: Render) -> None:
+    model = prod.config.models[0]
+    budget = -(-serving.deployment_timeout_seconds(model.weights_gb) // 60)  # pull + startup + margin
+    assert budget > -(-(serving.startup_budget_seconds(model.weights_gb) + 300) // 60)  # longer than before issue 24
+    down = expected("VllmNoPodReady", {"namespace": "ai", "deployment": "vllm-qwen3"})
+    run_promtool_tests(tmp_path, prod, [
+        {   # a one-replica rollout: the old pod goes, the new one pulls and loads for most of the budget, then is ready
+            "interval": "1m",
+            "input_series": [{"series": AVAILABLE, "values": f"1 1 0x{budget - 3} 1x30"}],
+            "alert_rule_test": [{"eval_time": at(t), "alertname": "VllmNoPodReady", "exp_alerts": []}
+                                for t in (5, budget - 2, budget + 5)],
+        },
+        {   # the only replica never comes back
+            "interval": "1m",
+            "input_series": [{"series": AVAILABLE, "values": f"1 1 0x{budget + 20}"}],
+            "alert_rule_test": [
+                {"eval_time": at(budget), "alertname": "VllmNoPodReady", "exp_alerts": []},
+                {"eval_time": at(budget + 4), "alertname": "VllmNoPodReady", "exp_alerts": [down]},
+            ],
+        },
+        {   # the metric vanishes (kube-state-metrics gone, Deployment deleted): absent() fires too
+            "interval": "1m",
+            "input_series": [{"series": AVAILABLE, "values": "1 1 " + " ".join(["_"] * (budget + 20))}],
+            "alert_rule_test": [
+                {"eval_time": at(budget), "alertname": "VllmNoPodReady", "exp_alerts": []},
+                {"eval_time": at(budget + 12), "alertname": "VllmNoPodReady", "exp_alerts": [down]},
+            ],
+        },
+        {   # a second healthy replica: one pod missing is no page
+            "interval": "1m",
+            "input_series": [{"series": AVAILABLE, "values": f"2 1x{budget + 20}"}],
+            "alert_rule_test": [{"eval_time": at(budget + 12), "alertname": "VllmNoPodReady", "exp_alerts": []}],
+        },
+    ])
+
+
+def pod(name: str) -> str:
+    return f'namespace="ai",model_name="qwen3",pod="{name}"'
+
+
+def test_queue_stalled_fires_per_pod(tmp_path: Path, prod: Render) -> None:
+    hung, healthy = pod("vllm-qwen3-hung"), pod("vllm-qwen3-ok")
+    stalled = expected("VllmQueueStalled", {"namespace": "ai", "pod": "vllm-qwen3-hung"}, pod="vllm-qwen3-hung")
+    run_promtool_tests(tmp_path, prod, [
+        {   # one hung pod (queue, no tokens) beside a busy healthy one: the sum over both never stalls
+            "interval": "1m",
+            "input_series": [
+                {"series": f"vllm:num_requests_waiting{{{hung}}}", "values": "4x40"},
+                {"series": f"vllm:generation_tokens_total{{{hung}}}", "values": "0+100x10 1000x30"},
+                {"series": f"vllm:num_requests_waiting{{{healthy}}}", "values": "2x40"},
+                {"series": f"vllm:generation_tokens_total{{{healthy}}}", "values": "0+100x40"},
+            ],
+            "alert_rule_test": [
+                {"eval_time": at(8), "alertname": "VllmQueueStalled", "exp_alerts": []},
+                {"eval_time": at(25), "alertname": "VllmQueueStalled", "exp_alerts": [stalled]},
+            ],
+        },
+        {   # a queue with tokens flowing is busy; no queue and no tokens is idle
+            "interval": "1m",
+            "input_series": [
+                {"series": f"vllm:num_requests_waiting{{{hung}}}", "values": "0x40"},
+                {"series": f"vllm:generation_tokens_total{{{hung}}}", "values": "5x40"},
+                {"series": f"vllm:num_requests_waiting{{{healthy}}}", "values": "9x40"},
+                {"series": f"vllm:generation_tokens_total{{{healthy}}}", "values": "0+100x40"},
+            ],
+            "alert_rule_test": [{"eval_time": at(30), "alertname": "VllmQueueStalled", "exp_alerts": []}],
+        },
+    ])
+
+
+def test_preemptions_warn_and_a_full_cache_alone_does_not(tmp_path: Path, prod: Render) -> None:
+    busy, other = pod("vllm-qwen3-a"), pod("vllm-qwen3-b")
+    per_minute = int(monitoring.PREEMPTIONS_PER_S * 60)
+    preempting = expected("VllmPreempting", {"namespace": "ai", "pod": "vllm-qwen3-a"}, pod="vllm-qwen3-a")
+    assert not [r for r in monitoring.alert_rules(prod.config.models[0], "ai") if "kv_cache_usage" in r["expr"]]
+    run_promtool_tests(tmp_path, prod, [
+        {
+            "interval": "1m",
+            "input_series": [
+                # steady preemption well above the threshold from minute 10 on
+                {"series": f"vllm:num_preemptions_total{{{busy}}}", "values": f"0x10 0+{per_minute * 3}x40"},
+                # a few preemptions now and then, below it; its KV cache is full all along
+                {"series": f"vllm:num_preemptions_total{{{other}}}", "values": f"0+{max(1, per_minute // 4)}x50"},
+                {"series": f"vllm:kv_cache_usage_perc{{{other}}}", "values": "0.99x50"},
+            ],
+            "alert_rule_test": [
+                {"eval_time": at(20), "alertname": "VllmPreempting", "exp_alerts": []},
+                {"eval_time": at(40), "alertname": "VllmPreempting", "exp_alerts": [preempting]},
+            ],
+        },
+    ])
+
+
+def test_download_failed_fires_for_this_job_only(tmp_path: Path, prod: Render) -> None:
+    job = serving.download_job_name(prod.config.models[0])
+    run_promtool_tests(tmp_path, prod, [
+        {
+            "interval": "1m",
+            "input_series": [
+                {"series": f'kube_job_failed{{namespace="ai",job_name="{job}",condition="true"}}', "values": "0 0 1x5"},
+                {"series": f'kube_job_failed{{namespace="ai",job_name="{job}",condition="false"}}', "values": "1 1 0x5"},
+                {"series": 'kube_job_failed{namespace="ai",job_name="other-job",condition="true"}', "values": "1x7"},
+            ],
+            "alert_rule_test": [
+                {"eval_time": at(1), "alertname": "VllmModelDownloadFailed", "exp_alerts": []},
+                {"eval_time": at(3), "alertname": "VllmModelDownloadFailed",
+                 "exp_alerts": [expected("VllmModelDownloadFailed", {"namespace": "ai", "job_name": job, "condition": "true"})]},
+            ],
+        },
+    ])

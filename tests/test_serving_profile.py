@@ -10,6 +10,7 @@ import pytest
 from components import serving
 from policy.rules import check_resources
 from policy.rules.servers import writable_paths
+from stacks.config import parse
 from tests.test_serving import DEPLOYMENT, JOB, container, env_of, error_of, model_of, one, prod_model, with_models
 from tools.render import Render
 
@@ -51,17 +52,34 @@ def non_root(request: pytest.FixtureRequest) -> Render:
 def test_non_root_profile(non_root: Render) -> None:
     pod = one(non_root, DEPLOYMENT)["spec"]["template"]["spec"]
     assert pod["securityContext"] == {
-        "seccompProfile": {"type": "RuntimeDefault"}, "runAsNonRoot": True, "runAsUser": 2000, "runAsGroup": 2000,
-        "fsGroup": 2000, "fsGroupChangePolicy": "OnRootMismatch"}
+        "seccompProfile": {"type": "RuntimeDefault"}, "runAsNonRoot": True, "runAsUser": 65534, "runAsGroup": 65534,
+        "fsGroup": 65534, "fsGroupChangePolicy": "OnRootMismatch"}
     c = pod["containers"][0]
     assert c["securityContext"]["readOnlyRootFilesystem"] is True
-    assert env_of(c)["HOME"] == "/home/vllm"
+    # Issue 24: a UID with a passwd entry in every image (nobody), and who it is without asking passwd.
+    assert {k: env_of(c)[k] for k in ("HOME", "USER", "LOGNAME")} == {"HOME": "/home/vllm", "USER": "nobody", "LOGNAME": "nobody"}
     volumes = {v["name"]: v for v in pod["volumes"]}
     mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
     assert "emptyDir" in volumes[mounts["/home/vllm"]] and "emptyDir" in volumes[mounts["/tmp"]]
     # The download Job writes what the server locks and reads: the same user.
     job = one(non_root, JOB)["spec"]["template"]["spec"]
-    assert job["securityContext"]["fsGroup"] == 2000 and job["containers"][0]["securityContext"]["runAsUser"] == 2000
+    assert job["securityContext"]["fsGroup"] == 65534 and job["containers"][0]["securityContext"]["runAsUser"] == 65534
+    assert env_of(job["containers"][0])["HOME"] == "/tmp"  # its writable emptyDir
+
+
+@pytest.mark.parametrize(("image", "refused"), [
+    ("vllm/vllm-openai:v0.18.0", False),
+    ("vllm/vllm-openai:v0.18.0@sha256:" + "0f" * 32, False),
+    ("vllm/vllm-openai:v0.10.2", True),                     # older than the profile's gate
+    ("vllm/vllm-openai@sha256:" + "0f" * 32, True),          # version unknown
+    ("registry.lan/vllm:nightly", True),
+])
+def test_non_root_is_gated_on_the_image_version(image: str, refused: bool) -> None:
+    stack = with_models(prod_model(securityProfile="nonRoot", image=image))
+    if refused:
+        assert error_of(stack).startswith("models[0].securityProfile: nonRoot needs a vLLM image of v0.11 or newer")
+    else:
+        parse(stack)
 
 
 def test_every_path_vllm_writes_is_writable_and_nothing_else(non_root: Render) -> None:

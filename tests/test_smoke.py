@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from components.serving import SMOKE_SCRIPT, smoke_job_name
+from components.serving import HEALTH_WAIT_S, REQUEST_TIMEOUT_S, SMOKE_DEADLINE_S, SMOKE_SCRIPT, smoke_job_name
 from stacks.config import Model
 from tools.render import ROOT, Render
 
@@ -70,8 +70,9 @@ def server() -> Iterator[tuple[str, type[FakeVllm]]]:
     httpd.server_close()
 
 
-def run_smoke(base: str, api_key: str | None = None) -> subprocess.CompletedProcess[str]:
-    env = {"PATH": "/usr/bin:/bin", "BASE": base, "MODEL": "qwen3"}
+def run_smoke(base: str, api_key: str | None = None, health_wait_s: int = HEALTH_WAIT_S) -> subprocess.CompletedProcess[str]:
+    env = {"PATH": "/usr/bin:/bin", "BASE": base, "MODEL": "qwen3",
+           "HEALTH_WAIT_S": str(health_wait_s), "REQUEST_TIMEOUT_S": str(REQUEST_TIMEOUT_S)}
     if api_key:
         env["VLLM_API_KEY"] = api_key
     return subprocess.run(["sh", "-c", SMOKE_SCRIPT], env=env, capture_output=True, text=True, timeout=60)
@@ -109,6 +110,21 @@ def test_api_key_is_sent_and_never_printed(server: tuple[str, type[FakeVllm]]) -
     assert API_KEY not in result.stdout + result.stderr
 
 
+def test_health_wait_is_bounded_by_the_clock_and_says_so() -> None:
+    # Issue 24: the loop counted tries (60 × up to 15 s ≈ 15 min) while its message said 5 minutes.
+    # Nothing listens on port 9 of loopback: every health check fails at once.
+    result = run_smoke("http://127.0.0.1:9", health_wait_s=2)
+    assert result.returncode == 1
+    assert "/health did not answer within 2s" in result.stderr
+
+
+def test_job_deadline_covers_the_whole_script() -> None:
+    # The health wait plus /v1/models and one completion, each up to REQUEST_TIMEOUT_S: the Job's
+    # deadline must not end the script before it can say what failed.
+    assert "--max-time \"$REQUEST_TIMEOUT_S\"" in SMOKE_SCRIPT and SMOKE_SCRIPT.count('curl "$@"') == 2
+    assert SMOKE_DEADLINE_S > HEALTH_WAIT_S + 2 * REQUEST_TIMEOUT_S
+
+
 def test_script_is_shellcheck_clean(tmp_path: Path) -> None:
     script = tmp_path / "smoke.sh"
     script.write_text("#!/bin/sh\n" + SMOKE_SCRIPT)
@@ -130,7 +146,22 @@ def test_prod_has_a_smoke_job_after_the_rollout(prod: Render) -> None:
     assert "nvidia.com/gpu" not in json.dumps(container["resources"])
     assert "tolerations" not in pod and "nodeSelector" not in pod
     env = {e["name"]: e.get("value") for e in container["env"]}
-    assert env == {"BASE": "http://vllm-qwen3.ai.svc:8000", "MODEL": "qwen3", "VLLM_API_KEY": None}  # prod has a key
+    assert env == {"BASE": "http://vllm-qwen3.ai.svc:8000", "MODEL": "qwen3", "VLLM_API_KEY": None,  # prod has a key
+                   "HEALTH_WAIT_S": str(HEALTH_WAIT_S), "REQUEST_TIMEOUT_S": str(REQUEST_TIMEOUT_S)}
+    assert job.inputs["spec"]["activeDeadlineSeconds"] == SMOKE_DEADLINE_S
+
+
+def test_smoke_image_is_pinned_by_digest_and_configurable(prod: Render, render) -> None:  # type: ignore[no-untyped-def]
+    # Issue 24: a public image by tag; an air-gapped cluster needs its own registry.
+    (job,) = smoke_jobs(prod)
+    image = job.inputs["spec"]["template"]["spec"]["containers"][0]["image"]
+    assert image.startswith("curlimages/curl:") and "@sha256:" in image
+    import yaml
+
+    cluster = yaml.safe_load((ROOT / "Pulumi.prod.yaml").read_text())["config"]["gpu-serving:cluster"]
+    mirror = "registry.lan:5000/mirror/curl@sha256:" + "ab" * 32
+    (job,) = smoke_jobs(render(cluster=cluster | {"smokeImage": mirror}))
+    assert job.inputs["spec"]["template"]["spec"]["containers"][0]["image"] == mirror
 
 
 def test_smoke_job_is_renamed_when_what_serves_changes() -> None:

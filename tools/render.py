@@ -519,6 +519,7 @@ def policy_config(render: Render) -> dict[str, dict[str, Any]]:
         "gpu-node-selector": {"gpuProductLabel": cluster.gpu_product_label},
         "gpu-capacity": {"gpuProductLabel": cluster.gpu_product_label},
         "ingress-vllm-streaming": {"ingressClassNames": [cluster.ingress_class]},
+        "vllm-revision-pinned": {"requireCommit": cluster.require_commit_revisions},
     }
 
 

@@ -43,6 +43,8 @@ class VllmServiceArgs:
     namespace: pulumi.Input[str] | None = None
     """The namespace as ClusterBase.namespace (the Namespace resource's output), so every object is
     created after the Namespace; None: `cluster.namespace` as a plain string (no ordering)."""
+    after: tuple[pulumi.Resource, ...] = ()
+    """Cluster-wide objects the serving pods need first (ClusterBase.serving_needs: the PriorityClass)."""
 
 
 def credentials_note(model: Model, namespace: str) -> str:
@@ -113,19 +115,22 @@ class VllmService(pulumi.ComponentResource):
             spec=deployment_spec(model, cluster, args.claim_name, uses_api_key),
             opts=pulumi.ResourceOptions(
                 parent=self,
-                depends_on=[job, *secrets],
+                depends_on=[job, *secrets, *args.after],
                 custom_timeouts=pulumi.CustomTimeouts(create=rollout, update=rollout),
             ),
         )
         service = k8s.core.v1.Service(f"{name}-service", metadata=meta(base, "inference-server"), spec=service_spec(model), opts=child)
         k8s.networking.v1.NetworkPolicy(
-            f"{name}-network-policy", metadata=meta(base, "inference-server"), spec=network_policy_spec(model), opts=child
+            f"{name}-network-policy",
+            metadata=meta(base, "inference-server"),
+            spec=network_policy_spec(model, cluster, namespace),
+            opts=child,
         )
         k8s.policy.v1.PodDisruptionBudget(
             f"{name}-pdb", metadata=meta(base, "inference-server"), spec=disruption_budget_spec(model), opts=child
         )
         k8s.networking.v1.NetworkPolicy(
-            f"{name}-egress", metadata=meta(f"{base}-egress", "inference-server"), spec=egress_policy_spec(model), opts=child
+            f"{name}-egress", metadata=meta(f"{base}-egress", "inference-server"), spec=egress_policy_spec(model, cluster), opts=child
         )
 
         if model.ingress is not None and cluster.edge == "gateway":
@@ -155,7 +160,7 @@ class VllmService(pulumi.ComponentResource):
             k8s.batch.v1.Job(
                 f"{name}-smoke-test",
                 metadata=meta(smoke_job_name(model), "smoke-test"),
-                spec=smoke_job_spec(model, namespace, uses_api_key),
+                spec=smoke_job_spec(model, namespace, uses_api_key, cluster.smoke_image),
                 opts=pulumi.ResourceOptions(
                     parent=self,
                     depends_on=[deployment, service],

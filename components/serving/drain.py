@@ -3,25 +3,30 @@
 On deletion (rollout, scale-down, node drain) the pod leaves the Service's endpoints at once, but
 kube-proxy and the ingress controller learn it a few seconds later. The preStop hook holds SIGTERM
 back for that long, so no new request reaches a server that is shutting down; then vLLM gets
-SIGTERM and finishes what it is streaming, for at most as long as the edge lets a stream run.
+SIGTERM and finishes what it is streaming, for at most DRAIN_S.
+
+Which edge bounds a stream: a Gateway's `timeouts.request` ends every request after PROXY_TIMEOUT_S
+in total, so with `edge: gateway` nothing outlives the drain. ingress-nginx's `proxy-read-timeout`
+is an idle timeout between two reads: a stream that keeps sending tokens has no total bound there,
+so the drain is the bound (`--shutdown-timeout` ends what still runs; docs/failure-modes.md).
 """
 
 from __future__ import annotations
-
-import re
 
 import pulumi_kubernetes as k8s
 
 from components.serving.edge import PROXY_TIMEOUT_S
 from components.serving.names import selector_labels
 from stacks.config import Model
+from stacks.config.models import image_version
 
 PRESTOP_S = 15
 """Endpoint removal reaching kube-proxy and ingress-nginx (their sync periods are a few seconds)."""
 
 
 DRAIN_S = PROXY_TIMEOUT_S
-"""In-flight requests may run as long as the edge lets a stream run; none is longer."""
+"""How long in-flight requests may still run after SIGTERM: the Gateway's total request timeout, so
+no request it admitted is cut; behind ingress-nginx, longer streams are cut here."""
 
 
 EXIT_S = 15
@@ -36,20 +41,9 @@ def grace_period_seconds() -> int:
     return PRESTOP_S + DRAIN_S + EXIT_S
 
 
-def vllm_version(image: str) -> tuple[int, ...] | None:
-    """(major, minor, patch) from a `vX.Y.Z` tag, also in `repo:tag@sha256:…`; None for a bare
-    digest or a tag that names no release (the flag is then left out: an unknown flag stops vLLM)."""
-    name = image.split("@", 1)[0].rsplit("/", 1)[-1]
-    if ":" not in name:
-        return None
-    match = re.fullmatch(r"v?(\d+)\.(\d+)(?:\.(\d+))?(?:[.+-].*)?", name.rsplit(":", 1)[1])
-    if not match:
-        return None
-    return tuple(int(part or 0) for part in match.groups())
-
-
 def shutdown_args(model: Model) -> list[str]:
-    version = vllm_version(model.image)
+    # None for a bare digest or a tag that names no release: the flag is then left out (an unknown flag stops vLLM).
+    version = image_version(model.image)
     if version is None or version[:2] < SHUTDOWN_TIMEOUT_SINCE:
         return []
     return [f"--shutdown-timeout={DRAIN_S}"]

@@ -9,7 +9,8 @@ from stacks.config import Cluster as ClusterConfig
 from stacks.config import Model
 
 PROXY_TIMEOUT_S = 600
-"""Longest a request may stream through the edge; the drain on shutdown is sized from it too."""
+"""The Gateway's total request timeout (`timeouts.request`), and ingress-nginx's read/send timeouts,
+which are idle timeouts between two reads and bound no stream; the drain on shutdown is sized from it."""
 
 
 OPENAI_PREFIX = "/v1"
@@ -90,27 +91,46 @@ def ingress_spec(model: Model, cluster: ClusterConfig) -> k8s.networking.v1.Ingr
     )
 
 
-def network_policy_spec(model: Model) -> k8s.networking.v1.NetworkPolicySpecArgs:
-    """Only the API port is reachable (ingress controller, in-cluster clients, Prometheus);
-    the download Job's pods match too and listen on nothing. Their egress is open for the hub;
-    the serving pods' is closed by `egress_policy_spec`."""
-    return k8s.networking.v1.NetworkPolicySpecArgs(
-        pod_selector=k8s.meta.v1.LabelSelectorArgs(match_labels=instance_labels(model)),
-        policy_types=["Ingress"],
-        ingress=[
-            k8s.networking.v1.NetworkPolicyIngressRuleArgs(ports=[k8s.networking.v1.NetworkPolicyPortArgs(port=PORT, protocol="TCP")])
-        ],
+NAMESPACE_LABEL = "kubernetes.io/metadata.name"
+"""Set by the API server on every namespace (Kubernetes ≥ 1.22): selects a namespace by name."""
+
+
+def _peer(namespace: str, pod_labels: dict[str, str] | None) -> k8s.networking.v1.NetworkPolicyPeerArgs:
+    """Pods with `pod_labels` in `namespace` (every pod there when None): both selectors in one peer, so both must match."""
+    return k8s.networking.v1.NetworkPolicyPeerArgs(
+        namespace_selector=k8s.meta.v1.LabelSelectorArgs(match_labels={NAMESPACE_LABEL: namespace}),
+        pod_selector=k8s.meta.v1.LabelSelectorArgs(match_labels=dict(pod_labels)) if pod_labels else None,
     )
 
 
-def egress_policy_spec(model: Model) -> k8s.networking.v1.NetworkPolicySpecArgs:
-    """Serving pods reach DNS and the model's `egressCidrs`, nothing else: they load from the
-    volume (HF_HUB_OFFLINE) and have no business calling out, so a stray usage report, a hub
-    look-up or an exfiltration attempt fails instead of leaving the cluster. Only the serving
-    pods: the download Job must reach the hub."""
-    net = k8s.networking.v1
+def network_policy_spec(model: Model, cluster: ClusterConfig, namespace: str) -> k8s.networking.v1.NetworkPolicySpecArgs:
+    """Only the API port, and only from: the edge's proxy pods (when the model has `ingress`), the
+    Prometheus pods (vLLM serves `/metrics` on the API port, so they reach the port, not only the
+    path), the model's own smoke-test pods, and `network.clientNamespaces`. The download Job's
+    pods match too and listen on nothing."""
+    net, config = k8s.networking.v1, cluster.network
+    peers = []
+    if model.ingress is not None:
+        peers.append(_peer(config.ingress_namespace, config.ingress_pod_labels))
+    peers.append(_peer(config.monitoring_namespace, config.monitoring_pod_labels))
+    peers.append(_peer(namespace, {**instance_labels(model), "app.kubernetes.io/component": "smoke-test"}))
+    peers += [_peer(client, None) for client in config.client_namespaces]
+    return net.NetworkPolicySpecArgs(
+        pod_selector=k8s.meta.v1.LabelSelectorArgs(match_labels=instance_labels(model)),
+        policy_types=["Ingress"],
+        ingress=[net.NetworkPolicyIngressRuleArgs(from_=peers, ports=[net.NetworkPolicyPortArgs(port=PORT, protocol="TCP")])],
+    )
+
+
+def egress_policy_spec(model: Model, cluster: ClusterConfig) -> k8s.networking.v1.NetworkPolicySpecArgs:
+    """Serving pods reach the cluster DNS pods and the model's `egressCidrs`, nothing else: they
+    load from the volume (HF_HUB_OFFLINE) and have no business calling out, so a stray usage
+    report, a hub look-up or an exfiltration attempt fails instead of leaving the cluster. DNS
+    goes to the cluster's resolver only: port 53 anywhere would be a tunnel out. Only the
+    serving pods: the download Job must reach the hub."""
+    net, config = k8s.networking.v1, cluster.network
     dns = [net.NetworkPolicyPortArgs(port=DNS_PORT, protocol=p) for p in ("UDP", "TCP")]
-    rules = [net.NetworkPolicyEgressRuleArgs(ports=dns)]
+    rules = [net.NetworkPolicyEgressRuleArgs(to=[_peer(config.dns_namespace, config.dns_pod_labels)], ports=dns)]
     if model.egress_cidrs:
         peers = [net.NetworkPolicyPeerArgs(ip_block=net.IPBlockArgs(cidr=cidr)) for cidr in model.egress_cidrs]
         rules.append(net.NetworkPolicyEgressRuleArgs(to=peers))

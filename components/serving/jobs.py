@@ -8,8 +8,8 @@ from typing import Any
 import pulumi
 import pulumi_kubernetes as k8s
 
-from components.serving.names import DOWNLOAD_DIR, PORT, STATE_DIR, labels, marker_path, object_name, secret_name
-from components.serving.profile import NON_ROOT_UID, non_root, pod_security_context
+from components.serving.names import DOWNLOAD_DIR, MARKER_DIR, PORT, STATE_DIR, labels, object_name, secret_name
+from components.serving.profile import NON_ROOT_UID, identity_env, non_root, pod_security_context
 from components.serving.server import (
     MODEL_MOUNT_ARGS,
     container_args,
@@ -25,22 +25,29 @@ from stacks.config import Model
 JOB_TTL_S = 7 * 24 * 3600
 
 
-SMOKE_IMAGE = "curlimages/curl:8.11.1"
+HEALTH_WAIT_S = 300
+"""How long the smoke test waits for `/health` (the Deployment is Ready before the Job starts)."""
 
 
-SMOKE_DEADLINE_S = 900
-"""The Deployment is Ready before the Job starts; this covers a slow first request and retries."""
+REQUEST_TIMEOUT_S = 300
+"""Each of the smoke test's two API calls: a slow first request on a cold engine."""
+
+
+SMOKE_DEADLINE_S = HEALTH_WAIT_S + 3 * REQUEST_TIMEOUT_S + 60
+"""The Job's activeDeadlineSeconds: the health wait, /v1/models and one completion at their longest,
+plus one more request timeout and a minute for pulling the image and starting the pod, so the
+deadline never cuts the script off before it can say what failed."""
 
 
 # `/health` can be green while inference fails (vllm#24207): ask for one real token. Values
-# arrive as env vars; the API key, when set, comes from the Secret and is never echoed.
+# arrive as env vars; the API key, when set, comes from the Secret and is never echoed. The wait
+# is bounded by the clock, not a try count: a hanging curl would stretch a count of tries.
 SMOKE_SCRIPT = r"""set -eu
-set -- -fsS --max-time 300
+set -- -fsS --max-time "$REQUEST_TIMEOUT_S"
 if [ -n "${VLLM_API_KEY:-}" ]; then set -- "$@" -H "Authorization: Bearer ${VLLM_API_KEY}"; fi
-tries=0
+until_s=$(( $(date +%s) + HEALTH_WAIT_S ))
 until curl -fsS -o /dev/null --max-time 10 "$BASE/health"; do
-  tries=$((tries + 1))
-  [ "$tries" -lt 60 ] || { echo "$BASE/health did not answer within 5 minutes" >&2; exit 1; }
+  [ "$(date +%s)" -lt "$until_s" ] || { echo "$BASE/health did not answer within ${HEALTH_WAIT_S}s" >&2; exit 1; }
   sleep 5
 done
 models=$(curl "$@" "$BASE/v1/models")
@@ -57,24 +64,56 @@ esac
 """
 
 
+EXIT_AUTH = 10
+"""The download script's exit code when the hub refuses the token (401/403, a gated repository)."""
+
+
+EXIT_NOT_FOUND = 11
+"""The download script's exit code when the repository or revision does not exist."""
+
+
 # Runs inside the vLLM image (it ships huggingface_hub). Values arrive as env vars, never
-# spliced into the code. The marker is written only after a complete download, so an
-# interrupted run is resumed rather than mistaken for done, and a finished one costs seconds.
-DOWNLOAD_SCRIPT = """\
-import os, pathlib, sys
+# spliced into the code. The marker is keyed by the resolved commit and written only after a
+# complete download, so an interrupted run is resumed rather than mistaken for done, a finished
+# one costs seconds, and a branch that moved is downloaded again. Errors that no retry heals exit
+# with their own codes, which the Job's podFailurePolicy turns into an immediate failure.
+DOWNLOAD_SCRIPT = f"EXIT_AUTH, EXIT_NOT_FOUND = {EXIT_AUTH}, {EXIT_NOT_FOUND}\n" + """\
+import os, pathlib, re, sys
 from huggingface_hub import HfApi, snapshot_download
+from huggingface_hub.utils import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
 repo, revision = os.environ["GS_REPO"], os.environ["GS_REVISION"]
-cache, marker = os.environ["HF_HUB_CACHE"], pathlib.Path(os.environ["GS_MARKER"])
-if marker.exists():
-    print(f"{repo}@{revision} is already in {cache}: nothing to do")
-    sys.exit(0)
-ignore = ["original/*"]  # vLLM ignores these too
-if any(f.endswith(".safetensors") for f in HfApi().list_repo_files(repo, revision=revision)):
-    ignore += ["*.bin", "*.pt", "*.pth"]  # vLLM loads safetensors when both exist
-path = snapshot_download(repo, revision=revision, cache_dir=cache, ignore_patterns=ignore)
+cache, markers = os.environ["HF_HUB_CACHE"], pathlib.Path(os.environ["GS_MARKER_DIR"])
+def fail(code, what):
+    print(f"ERROR: {repo}@{revision}: {what}", file=sys.stderr)
+    sys.exit(code)
+try:
+    # A commit needs no look-up (a re-run stays offline); a branch or tag is resolved first.
+    commit = revision if re.fullmatch("[0-9a-f]{40}", revision) else HfApi().model_info(repo, revision=revision).sha
+    marker = markers / f"{repo.replace('/', '--')}@{commit}.done"
+    if marker.exists():
+        print(f"{repo}@{commit} is already in {cache}: nothing to do")
+        sys.exit(0)
+    ignore = ["original/*"]  # vLLM ignores these too
+    if any(f.endswith(".safetensors") for f in HfApi().list_repo_files(repo, revision=commit)):
+        ignore += ["*.bin", "*.pt", "*.pth"]  # vLLM loads safetensors when both exist
+    # By the configured revision: the cache then records refs/<branch>, which the offline server reads.
+    path = snapshot_download(repo, revision=revision, cache_dir=cache, ignore_patterns=ignore)
+except GatedRepoError:
+    fail(EXIT_AUTH, "gated repository: accept its terms on huggingface.co with the token's account, then re-run")
+except RevisionNotFoundError:
+    fail(EXIT_NOT_FOUND, "no such revision: fix models[].revision")
+except RepositoryNotFoundError:
+    fail(EXIT_NOT_FOUND, "no such repository, or private and the token may not read it: fix huggingFaceId or the token")
+except HfHubHTTPError as error:
+    status = getattr(error.response, "status_code", None)
+    if status in (401, 403):
+        fail(EXIT_AUTH, f"the hub refused the token ({status}): set a valid hfToken secret")
+    raise
+# The snapshot folder is named by the commit it holds: a branch that moved meanwhile is keyed right.
+marker = markers / f"{repo.replace('/', '--')}@{pathlib.PurePath(path).name}.done"
 marker.parent.mkdir(parents=True, exist_ok=True)
 marker.write_text(path + "\\n")
-print(f"{repo}@{revision} ready in {path}")
+print(f"{repo}@{marker.stem.split('@')[-1]} ready in {path}")
 """
 
 
@@ -86,12 +125,13 @@ def smoke_job_name(model: Model) -> str:
 
 def run_once_job(
     model: Model, component: str, *, backoff: int, deadline_s: int, container: k8s.core.v1.ContainerArgs,
-    as_server: bool = False, **pod: Any,
+    as_server: bool = False, pod_failure_policy: k8s.batch.v1.PodFailurePolicyArgs | None = None, **pod: Any,
 ) -> k8s.batch.v1.JobSpecArgs:
     """A Job that runs one container to completion, with the pod hardening every Job here shares.
     Finished Jobs keep their logs a week; once one is gone, `pulumi refresh` + `up` re-creates it."""
     return k8s.batch.v1.JobSpecArgs(
         backoff_limit=backoff,
+        pod_failure_policy=pod_failure_policy,
         active_deadline_seconds=deadline_s,
         ttl_seconds_after_finished=JOB_TTL_S,
         template=k8s.core.v1.PodTemplateSpecArgs(
@@ -119,6 +159,24 @@ def read_only_security_context(**extra: Any) -> k8s.core.v1.SecurityContextArgs:
     )
 
 
+def download_failure_policy() -> k8s.batch.v1.PodFailurePolicyArgs:
+    """Fail the Job at once on a refused token or a missing repository (no retry heals those; the
+    backoff would only delay the error by minutes), and never count a pod lost to a node drain or
+    preemption against the retries."""
+    return k8s.batch.v1.PodFailurePolicyArgs(rules=[
+        k8s.batch.v1.PodFailurePolicyRuleArgs(
+            action="FailJob",
+            on_exit_codes=k8s.batch.v1.PodFailurePolicyOnExitCodesRequirementArgs(
+                container_name="download", operator="In", values=[EXIT_AUTH, EXIT_NOT_FOUND]
+            ),
+        ),
+        k8s.batch.v1.PodFailurePolicyRuleArgs(
+            action="Ignore",
+            on_pod_conditions=[k8s.batch.v1.PodFailurePolicyOnPodConditionsPatternArgs(type="DisruptionTarget", status="True")],
+        ),
+    ])
+
+
 def job_spec(model: Model, cluster: ClusterConfig, claim_name: pulumi.Input[str], storage_is_local: bool) -> k8s.batch.v1.JobSpecArgs:
     """The download Job. The marker file makes a re-run of a finished download a no-op."""
     download = k8s.core.v1.ContainerArgs(
@@ -133,7 +191,8 @@ def job_spec(model: Model, cluster: ClusterConfig, claim_name: pulumi.Input[str]
             k8s.core.v1.EnvVarArgs(name="HF_HOME", value=f"{STATE_DIR}/hf-home"),
             k8s.core.v1.EnvVarArgs(name="GS_REPO", value=model.hugging_face_id),
             k8s.core.v1.EnvVarArgs(name="GS_REVISION", value=model.revision),
-            k8s.core.v1.EnvVarArgs(name="GS_MARKER", value=marker_path(model)),
+            k8s.core.v1.EnvVarArgs(name="GS_MARKER_DIR", value=MARKER_DIR),
+            *(k8s.core.v1.EnvVarArgs(name=k, value=v) for k, v in (identity_env("/tmp") if non_root(model) else {}).items()),
         ],
         resources=k8s.core.v1.ResourceRequirementsArgs(requests={"cpu": "500m", "memory": "1Gi"}, limits={"memory": "4Gi"}),
         volume_mounts=[MODEL_MOUNT_ARGS, k8s.core.v1.VolumeMountArgs(name="tmp", mount_path="/tmp")],
@@ -149,6 +208,7 @@ def job_spec(model: Model, cluster: ClusterConfig, claim_name: pulumi.Input[str]
         deadline_s=download_deadline_seconds(model.weights_gb),
         container=download,
         as_server=True,
+        pod_failure_policy=download_failure_policy(),
         volumes=[
             model_volume(claim_name),
             k8s.core.v1.VolumeArgs(name="tmp", empty_dir=k8s.core.v1.EmptyDirVolumeSourceArgs(size_limit="1Gi")),
@@ -159,17 +219,19 @@ def job_spec(model: Model, cluster: ClusterConfig, claim_name: pulumi.Input[str]
     )
 
 
-def smoke_job_spec(model: Model, namespace: str, api_key: bool) -> k8s.batch.v1.JobSpecArgs:
+def smoke_job_spec(model: Model, namespace: str, api_key: bool, image: str) -> k8s.batch.v1.JobSpecArgs:
     """Runs on any ordinary node (no GPU, no toleration) against the Service, as a client would."""
     env = [
         k8s.core.v1.EnvVarArgs(name="BASE", value=f"http://{object_name(model)}.{namespace}.svc:{PORT}"),
         k8s.core.v1.EnvVarArgs(name="MODEL", value=model.name),
+        k8s.core.v1.EnvVarArgs(name="HEALTH_WAIT_S", value=str(HEALTH_WAIT_S)),
+        k8s.core.v1.EnvVarArgs(name="REQUEST_TIMEOUT_S", value=str(REQUEST_TIMEOUT_S)),
     ]
     if api_key:
         env.append(secret_env("VLLM_API_KEY", secret_name(model), "api-key"))
     smoke = k8s.core.v1.ContainerArgs(
         name="smoke-test",
-        image=SMOKE_IMAGE,
+        image=image,
         image_pull_policy="IfNotPresent",
         command=["/bin/sh", "-c", SMOKE_SCRIPT],
         env=env,

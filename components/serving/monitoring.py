@@ -8,14 +8,16 @@ from typing import Any
 
 from components.serving.autoscaling import QUEUE_GAUGE
 from components.serving.names import download_job_name, object_name, selector_labels
-from components.serving.sizing import startup_budget_seconds
+from components.serving.sizing import deployment_timeout_seconds
 from stacks.config import Model
 
 SCRAPE_INTERVAL = "15s"
 
 
-KV_CACHE_FULL = 0.95
-"""Share of the KV cache above which new requests queue or preempt running ones."""
+PREEMPTIONS_PER_S = 0.1
+"""Sustained preemptions per second per pod (6 a minute) above which requests are recomputed
+instead of served: a full KV cache alone is vLLM working as designed under load, preemption is
+the cost users feel."""
 
 
 def pod_monitor_spec(model: Model) -> dict[str, Any]:
@@ -36,8 +38,11 @@ def alert_rules(model: Model, namespace: str) -> list[dict[str, Any]]:
     (part of kube-prometheus-stack); `vllm:*` from the PodMonitor."""
     where = f'namespace="{namespace}",model_name="{model.name}"'
     deployment = object_name(model)
-    # A fresh pod is unready for its whole startup budget; alert only when it overran that.
-    load = startup_budget_seconds(model.weights_gb) + 5 * 60
+    available = f'kube_deployment_status_replicas_available{{namespace="{namespace}",deployment="{deployment}"}}'
+    # A rollout without surge takes the only replica down while the new pod pulls the image and
+    # loads: alert only when that overran the whole rollout budget (pull + startup + margin,
+    # the Deployment's own progress deadline).
+    rollout = deployment_timeout_seconds(model.weights_gb)
     labels = {"model": model.name}
 
     def alert(name: str, expr: str, duration: str, severity: str, summary: str, description: str) -> dict[str, Any]:
@@ -52,30 +57,34 @@ def alert_rules(model: Model, namespace: str) -> list[dict[str, Any]]:
     return [
         alert(
             "VllmNoPodReady",
-            f'kube_deployment_status_replicas_available{{namespace="{namespace}",deployment="{deployment}"}} < 1',
-            _minutes(load),
+            # absent(): a vanished series (kube-state-metrics down, Deployment deleted) is no all-clear.
+            f"{available} < 1 or absent({available})",
+            _minutes(rollout),
             "critical",
             f"{model.name}: no vLLM pod is ready",
-            f"Deployment {namespace}/{deployment} has had no available replica for longer than its startup budget: "
-            "the model is down. Look at `kubectl describe pod` (Pending: GPUs) and `kubectl logs` (load errors).",
+            f"Deployment {namespace}/{deployment} has had no available replica (or no metric) for longer than a "
+            "rollout may take (image pull + startup budget): the model is down. Look at `kubectl describe pod` "
+            "(Pending: GPUs) and `kubectl logs` (load errors).",
         ),
         alert(
             "VllmQueueStalled",
-            f"sum({QUEUE_GAUGE}{{{where}}}) > 0 and sum(rate(vllm:generation_tokens_total{{{where}}}[5m])) == 0",
+            # Per pod: one hung engine beside a healthy one must not hide in a sum.
+            f"max by (namespace, pod) ({QUEUE_GAUGE}{{{where}}}) > 0 "
+            f"and on (namespace, pod) sum by (namespace, pod) (rate(vllm:generation_tokens_total{{{where}}}[5m])) == 0",
             "5m",
             "critical",
             f"{model.name}: requests wait but no token is generated",
-            "Requests are queued while generation throughput is zero: the engine is hung or every request is "
-            "stuck. /health may still be green; restart the pod after collecting its logs.",
+            "Requests are queued on {{ $labels.pod }} while its generation throughput is zero: the engine is hung "
+            "or every request is stuck. /health may still be green; restart the pod after collecting its logs.",
         ),
         alert(
-            "VllmKvCacheNearlyFull",
-            f"max by (pod) (vllm:kv_cache_usage_perc{{{where}}}) > {KV_CACHE_FULL}",
+            "VllmPreempting",
+            f"sum by (namespace, pod) (rate(vllm:num_preemptions_total{{{where}}}[5m])) > {PREEMPTIONS_PER_S:g}",
             "15m",
             "warning",
-            f"{model.name}: GPU KV cache nearly full",
-            "The KV cache has stayed above 95% on {{ $labels.pod }}: requests queue or get preempted. Add replicas, "
-            "lower maxModelLen, or raise gpuMemoryUtilization.",
+            f"{model.name}: requests are being preempted",
+            "{{ $labels.pod }} preempts running requests (KV cache exhausted; their work is recomputed and latency "
+            "grows). Add replicas, lower maxModelLen, or raise gpuMemoryUtilization.",
         ),
         alert(
             "VllmModelDownloadFailed",

@@ -48,13 +48,14 @@ def labels(model: Model, component: str) -> dict[str, str]:
 
 
 def download_job_name(model: Model) -> str:
-    """Jobs are immutable: a new (id, revision) gets a new name, so Pulumi creates a new Job."""
+    """Named after what it downloads: a new (id, revision) is a new Job, which Pulumi creates and
+    awaits. Jobs are immutable, so re-running a failed one is `pulumi up --replace <its URN>`."""
     digest = hashlib.sha256(f"{model.hugging_face_id}@{model.revision}".encode()).hexdigest()[:8]
     return f"{object_name(model)}-dl-{digest}"
 
 
-def marker_path(model: Model) -> str:
-    return f"{STATE_DIR}/downloads/{download_job_name(model)}.done"
+MARKER_DIR = f"{STATE_DIR}/downloads"
+"""One `<org>--<name>@<commit>.done` per complete download, keyed by the commit the revision resolved to."""
 
 
 def secret_name(model: Model) -> str:

@@ -16,11 +16,18 @@ import pulumi_kubernetes as k8s
 from components.serving.names import STATE_DIR
 from stacks.config import Model
 
-NON_ROOT_UID = 2000
-"""The `vllm-openai` image's non-root user (UID and GID 2000)."""
+NON_ROOT_UID = 65534
+"""`nobody`/`nogroup`, which every Debian/Ubuntu base (so every `vllm-openai` image) has in
+/etc/passwd: `getpwuid()` answers, where an invented UID (2000 in images of v0.18's age) makes
+torch's compile-cache set-up and Triton fail with `KeyError: getpwuid(): uid not found`."""
+
+
+NON_ROOT_USER = "nobody"
+"""USER and LOGNAME: `getpass.getuser()` (torch, Triton) returns these before asking passwd at all."""
 
 
 NON_ROOT_HOME = "/home/vllm"
+"""An emptyDir (nobody's passwd home, /nonexistent, is not writable)."""
 
 
 def compile_cache_dir(model: Model) -> str:
@@ -46,8 +53,13 @@ def non_root(model: Model) -> bool:
 def profile_env(model: Model) -> dict[str, str]:
     env = cache_env(model)
     if non_root(model):
-        env["HOME"] = NON_ROOT_HOME  # the image's home, an emptyDir here (the root filesystem is read-only)
+        env.update(identity_env())
     return env
+
+
+def identity_env(home: str = NON_ROOT_HOME) -> dict[str, str]:
+    """Who the process is without a passwd lookup, and a writable HOME (the root filesystem is read-only)."""
+    return {"HOME": home, "USER": NON_ROOT_USER, "LOGNAME": NON_ROOT_USER}
 
 
 def pod_security_context(model: Model | None = None) -> k8s.core.v1.PodSecurityContextArgs:
@@ -59,7 +71,7 @@ def pod_security_context(model: Model | None = None) -> k8s.core.v1.PodSecurityC
         run_as_non_root=True,
         run_as_user=NON_ROOT_UID,
         run_as_group=NON_ROOT_UID,
-        # The volume's files become group 2000 (local PVs; an NFS export must grant it itself).
+        # The volume's files become group nogroup (local PVs; an NFS export must grant it itself).
         fs_group=NON_ROOT_UID,
         fs_group_change_policy="OnRootMismatch",
     )

@@ -111,6 +111,18 @@ def model_volume(claim_name: pulumi.Input[str]) -> k8s.core.v1.VolumeArgs:
 MODEL_MOUNT_ARGS = k8s.core.v1.VolumeMountArgs(name="models", mount_path=MODEL_MOUNT)
 
 
+def resources(model: Model, shm_gi: int) -> k8s.core.v1.ResourceRequirementsArgs:
+    """Guaranteed QoS: requests equal limits for CPU and memory, so under node pressure the kubelet
+    evicts a GPU pod last, never before a best-effort batch pod. The memory includes /dev/shm (a
+    memory-backed emptyDir is charged to the container). GPUs only as a limit (the request is
+    defaulted equal): a card is never shared."""
+    memory = memory_limit(model.memory, shm_gi)
+    return k8s.core.v1.ResourceRequirementsArgs(
+        limits={"nvidia.com/gpu": str(model.gpus_per_replica), "cpu": model.cpu, "memory": memory},
+        requests={"cpu": model.cpu, "memory": memory},
+    )
+
+
 def pod_spec(model: Model, cluster: ClusterConfig, claim_name: pulumi.Input[str], api_key: bool) -> k8s.core.v1.PodSpecArgs:
     shm = shm_size_gi(model.gpus_per_replica)
     scratch, scratch_mounts = scratch_volumes(model)
@@ -124,11 +136,7 @@ def pod_spec(model: Model, cluster: ClusterConfig, claim_name: pulumi.Input[str]
                 args=container_args(model),
                 ports=[k8s.core.v1.ContainerPortArgs(name="http", container_port=PORT, protocol="TCP")],
                 env=server_env(model, api_key),
-                resources=k8s.core.v1.ResourceRequirementsArgs(
-                    # GPUs only as a limit (the request is defaulted equal): a card is never shared.
-                    limits={"nvidia.com/gpu": str(model.gpus_per_replica), "memory": memory_limit(model.memory, shm)},
-                    requests={"cpu": model.cpu, "memory": model.memory},
-                ),
+                resources=resources(model, shm),
                 volume_mounts=[MODEL_MOUNT_ARGS, k8s.core.v1.VolumeMountArgs(name="dshm", mount_path="/dev/shm"), *scratch_mounts],
                 startup_probe=startup_probe(model.weights_gb),
                 readiness_probe=readiness_probe(),
@@ -151,7 +159,17 @@ def pod_spec(model: Model, cluster: ClusterConfig, claim_name: pulumi.Input[str]
         automount_service_account_token=False,
         security_context=pod_security_context(model),
         termination_grace_period_seconds=grace_period_seconds(),
+        priority_class_name=cluster.priority_class.name if cluster.priority_class else None,
     )
+
+
+def scrape_annotations(cluster: ClusterConfig) -> dict[str, str] | None:
+    """`prometheus.io/*` only for a Prometheus without the operator's PodMonitor: with both, an
+    annotation-based scrape job and the PodMonitor each scrape the pod, every series doubles, and
+    so does KEDA's `sum()` of the queue."""
+    if cluster.monitoring.pod_monitor:
+        return None
+    return {"prometheus.io/scrape": "true", "prometheus.io/port": str(PORT), "prometheus.io/path": "/metrics"}
 
 
 def deployment_spec(model: Model, cluster: ClusterConfig, claim_name: pulumi.Input[str], api_key: bool) -> k8s.apps.v1.DeploymentSpecArgs:
@@ -169,10 +187,7 @@ def deployment_spec(model: Model, cluster: ClusterConfig, claim_name: pulumi.Inp
         progress_deadline_seconds=deployment_timeout_seconds(model.weights_gb),
         revision_history_limit=3,
         template=k8s.core.v1.PodTemplateSpecArgs(
-            metadata=k8s.meta.v1.ObjectMetaArgs(
-                labels=labels(model, "inference-server"),
-                annotations={"prometheus.io/scrape": "true", "prometheus.io/port": str(PORT), "prometheus.io/path": "/metrics"},
-            ),
+            metadata=k8s.meta.v1.ObjectMetaArgs(labels=labels(model, "inference-server"), annotations=scrape_annotations(cluster)),
             spec=pod_spec(model, cluster, claim_name, api_key),
         ),
     )

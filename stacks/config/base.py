@@ -39,6 +39,13 @@ NodeName = Annotated[str, StringConstraints(pattern=DNS_SUBDOMAIN, max_length=25
 LabelValue = Annotated[str, StringConstraints(pattern=LABEL_VALUE, max_length=63)]
 SecretKeyName = Annotated[str, StringConstraints(pattern=CONFIG_KEY)]
 SafePath = Annotated[str, StringConstraints(pattern=SAFE_PATH, max_length=255)]
+# A container image by tag, by digest, or both (`repo:tag@sha256:…`: the digest decides what runs).
+ImageRef = Annotated[
+    str,
+    StringConstraints(pattern=r"^[a-z0-9][a-z0-9._/:-]*[a-z0-9](:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}|@sha256:[0-9a-f]{64})$"),
+]
+# A Hugging Face commit: the one revision that never moves.
+COMMIT_SHA = r"^[0-9a-f]{40}$"
 
 
 class ConfigError(Exception):

@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, StringConstraints, model_validator
 
-from stacks.config.base import K8sName, LabelValue, SecretKeyName, _at, _Model
+from stacks.config.base import ImageRef, K8sName, LabelValue, SecretKeyName, _at, _Model
 
 # The project's own node label keys: GPU Feature Discovery owns `nvidia.com/gpu.*` and rewrites them
 # (`nvidia.com/gpu.product=NVIDIA-A100-SXM4-80GB`), so labels the stack force-set there would flap.
@@ -66,9 +66,54 @@ class Monitoring(_Model):
     pod_monitor: bool = True
     """A PodMonitor per model, so the operator's Prometheus scrapes `/metrics` (autoscaling and alerts read it)."""
     alerts: bool = True
-    """A PrometheusRule per model: no pod ready, queue stalled, KV cache nearly full, download Job failed."""
+    """A PrometheusRule per model: no pod ready, queue stalled (per pod), requests preempted, download Job failed."""
     labels: dict[Annotated[str, StringConstraints(pattern=LABEL_KEY)], LabelValue] = {}
     """Labels the Prometheus selects PodMonitors and PrometheusRules by (kube-prometheus-stack: `release: <release>`)."""
+
+
+PodLabels = dict[Annotated[str, StringConstraints(pattern=LABEL_KEY)], LabelValue]
+
+
+class Network(_Model):
+    """Who may reach the model servers inside the cluster, and which resolver they may ask. vLLM's
+    API key guards `/v1` only: `/metrics`, `/tokenize`, `/invocations` and the admin endpoints
+    answer anyone who reaches the port, so the port is open to these pods alone."""
+
+    ingress_namespace: K8sName = "ingress-nginx"
+    """Namespace of the edge's proxy pods: ingress-nginx, or the Gateway implementation's data plane with `edge: gateway`."""
+    ingress_pod_labels: PodLabels = {"app.kubernetes.io/name": "ingress-nginx"}
+    """Labels of those proxy pods (the ingress-nginx chart's; for a Gateway, its data-plane pods')."""
+    monitoring_namespace: K8sName = "monitoring"
+    """Namespace of the Prometheus that scrapes `/metrics`."""
+    monitoring_pod_labels: PodLabels = {"app.kubernetes.io/name": "prometheus"}
+    """Labels of the Prometheus pods (kube-prometheus-stack's)."""
+    client_namespaces: list[K8sName] = []
+    """Namespaces whose pods call the models in-cluster (the exported `url`); by default none but the edge."""
+    dns_namespace: K8sName = "kube-system"
+    """Namespace of the cluster DNS, the only resolver the serving pods may ask."""
+    dns_pod_labels: PodLabels = {"k8s-app": "kube-dns"}
+    """Labels of the cluster DNS pods (CoreDNS and kube-dns both carry `k8s-app: kube-dns`)."""
+
+
+class PodSecurity(_Model):
+    """Pod Security admission labels of the namespace (`pod-security.kubernetes.io/*`)."""
+
+    enforce: Literal["baseline", "restricted"] = "baseline"
+    """Refused pods: `baseline` at least (no privileged, host namespaces or hostPath); `restricted` needs every model `nonRoot`."""
+    warn: Literal["baseline", "restricted"] = "restricted"
+    """Warned at apply time: `restricted` shows what a root profile still lacks."""
+
+
+class PriorityClass(_Model):
+    """The PriorityClass of the serving pods: above batch work, so the scheduler preempts a batch pod for a
+    GPU pod and never the reverse."""
+
+    name: K8sName = "gpu-serving"
+    """Its name (the pods' `priorityClassName`)."""
+    value: int = Field(1_000_000, ge=1, le=1_000_000_000)
+    """Its priority; batch workloads are usually 0 (no class). At most 10⁹ (above is for system-critical pods)."""
+    create: bool = True
+    """Create it (cluster-scoped, kept when the stack goes); false when the cluster already defines `name`."""
 
 
 class Gateway(_Model):
@@ -120,6 +165,17 @@ class Cluster(_Model):
     """RuntimeClass of GPU pods (e.g. `nvidia`) when the NVIDIA runtime is not the node's default."""
     monitoring: Monitoring = Monitoring()
     """Prometheus Operator objects per model (PodMonitor, PrometheusRule)."""
+    pod_security: PodSecurity = PodSecurity()
+    """Pod Security admission levels put on the namespace (when the stack creates it)."""
+    priority_class: PriorityClass | None = PriorityClass()
+    """PriorityClass of the serving pods; null: none (the cluster's default priority)."""
+    network: Network = Network()
+    """The NetworkPolicies' peers: the edge, Prometheus, in-cluster clients, the cluster DNS."""
+    require_commit_revisions: bool = True
+    """Every `models[].revision` must be a 40-hex commit: a branch moves, so two nodes (or a re-download)
+    could serve different weights under one name. false: a lab that follows a branch."""
+    smoke_image: ImageRef = "curlimages/curl:8.11.1@sha256:c1fe1679c34d9784c1b0d1e5f62ac0a79fca01fb6377cdd33e90473c6f9f9a69"
+    """Image of the smoke-test Job (needs `sh` and `curl`), pinned by digest; point it at a mirror for an air-gapped registry."""
     prometheus_url: str = Field("http://prometheus-operated.monitoring.svc:9090", pattern=r"^https?://[A-Za-z0-9.:_\[\]-]+(/[A-Za-z0-9._~/-]*)?$")
     """Prometheus that KEDA queries for the vLLM queue length (autoscaling `keda`)."""
 

@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, StringConstraints, field_validator, model_validator
 
-from stacks.config.base import CIDR, K8sName, LabelValue, SecretKeyName, _Model
+from stacks.config.base import CIDR, ImageRef, K8sName, LabelValue, SecretKeyName, _Model
 
 
 class Ingress(_Model):
@@ -45,10 +45,6 @@ class Replicas(_Model):
         return self
 
 
-ImageRef = Annotated[
-    str,
-    StringConstraints(pattern=r"^[a-z0-9][a-z0-9._/:-]*[a-z0-9](:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}|@sha256:[0-9a-f]{64})$"),
-]
 
 
 # Flags the bundle sets from typed config (or must not be changed behind its back). Aliases
@@ -132,9 +128,9 @@ class Model(_Model):
     hugging_face_id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
     """Hugging Face repository, `org/name`."""
     revision: str = Field("main", pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,99}$")
-    """Branch, tag or commit of the repository; pin a commit for reproducible serving."""
+    """Commit (40 hex) of the repository; a branch or tag only where `cluster.requireCommitRevisions` is false (a lab)."""
     image: ImageRef = "vllm/vllm-openai:v0.11.0"
-    """vLLM image with a pinned tag or digest (`latest` is refused)."""
+    """vLLM image with a pinned tag, a digest, or both (`repo:tag@sha256:…`); `latest` is refused."""
     gpu_product: LabelValue
     """`nodes[].gpu.product` of the nodes this model runs on."""
     gfd_product: LabelValue | None = None
@@ -161,11 +157,13 @@ class Model(_Model):
     egress_cidrs: list[Annotated[str, StringConstraints(pattern=CIDR)]] = []
     """Networks the serving pods may reach besides DNS (e.g. a tracing collector); by default nothing else."""
     cpu: str = Field("4", pattern=r"^[0-9]+(\.[0-9]+|m)?$")
-    """CPU request of each pod (no CPU limit: throttling hurts inference)."""
+    """CPU request and limit of each pod (equal: Guaranteed QoS; a whole number gets exclusive cores under the
+    static CPU manager, so no throttling)."""
     memory: str = Field("16Gi", pattern=r"^[0-9]+(Ki|Mi|Gi|Ti)$")
-    """Memory request; the limit adds the /dev/shm size."""
+    """Memory for the engine; request and limit are this plus the /dev/shm size (equal: Guaranteed QoS)."""
     security_profile: Literal["root", "nonRoot"] = "root"
-    """`nonRoot`: UID/GID 2000 (the `vllm-openai` non-root image), read-only root filesystem, emptyDirs for HOME and /tmp."""
+    """`nonRoot`: UID/GID 65534 (`nobody`, in every vLLM image's passwd), USER/LOGNAME/HOME set, read-only root filesystem,
+    emptyDirs for HOME and /tmp; needs a `vX.Y` image tag of v0.11 or newer."""
     smoke_test: bool = True
     """After each rollout, a Job asks the model for one token; `pulumi up` fails when inference does not answer."""
 
@@ -175,6 +173,19 @@ class Model(_Model):
         if image.endswith(":latest"):
             raise ValueError(f"{image!r} is not pinned; use a version tag such as vllm/vllm-openai:v0.11.0")
         return image
+
+    @model_validator(mode="after")
+    def _non_root_image(self) -> Model:
+        if self.security_profile != "nonRoot":
+            return self
+        version = image_version(self.image)
+        if version is None or version < NON_ROOT_SINCE:
+            since = "v" + ".".join(map(str, NON_ROOT_SINCE))
+            found = "a tag that names no release" if version is None else f"v{'.'.join(map(str, version))}"
+            raise _at_key("securityProfile", f"nonRoot needs a vLLM image of {since} or newer, tagged so its version is "
+                          f"known (`repo:vX.Y.Z` or `repo:vX.Y.Z@sha256:…`); {self.image} has {found}. "
+                          "Use such an image or securityProfile: root")
+        return self
 
     @field_validator("name")
     @classmethod
@@ -198,6 +209,32 @@ class Model(_Model):
             if name in BUNDLE_ENV:
                 raise ValueError(f"{name} is set by the bundle from {BUNDLE_ENV[name]}; remove it from env")
         return env
+
+
+NON_ROOT_SINCE = (0, 11)
+"""Oldest vLLM image the nonRoot profile's paths are written for: older images kept their Python under
+/root (vllm#15174), which another user cannot read."""
+
+
+def image_version(image: str) -> tuple[int, ...] | None:
+    """(major, minor, patch) from a `vX.Y.Z` tag, also in `repo:tag@sha256:…`; None for a bare digest or a tag that names no release."""
+    name = image.split("@", 1)[0].rsplit("/", 1)[-1]
+    if ":" not in name:
+        return None
+    match = re.fullmatch(r"v?(\d+)\.(\d+)(?:\.(\d+))?(?:[.+-].*)?", name.rsplit(":", 1)[1])
+    if not match:
+        return None
+    return tuple(int(part or 0) for part in match.groups())
+
+
+def _at_key(key: str, message: str) -> ValueError:
+    return _KeyError(key, message)
+
+
+class _KeyError(ValueError):
+    def __init__(self, key: str, message: str):
+        super().__init__(message)
+        self.sub_path = f".{key}"
 
 
 SECRET_LIKE = re.compile(r"TOKEN|SECRET|PASSW|API_?KEY|PRIVATE|CREDENTIAL", re.IGNORECASE)

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
 from pydantic import Field, model_validator
 
-from stacks.config.base import ConfigError, SecretKeyName, _at, _Model, _unique
+from stacks.config.base import COMMIT_SHA, ConfigError, SecretKeyName, _at, _Model, _unique
 from stacks.config.cluster import Cluster
 from stacks.config.models import Model
 from stacks.config.nodes import Node, size_gb_for
@@ -36,7 +37,19 @@ class StackConfig(_Model):
         self._check_storage_node()
         self._check_models()
         self._check_runtimes()
+        self._check_pod_security()
         return self
+
+    def _check_pod_security(self) -> None:
+        if self.cluster.pod_security.enforce != "restricted":
+            return
+        for i, model in enumerate(self.models):
+            if model.security_profile != "nonRoot":
+                raise _at(
+                    f"models[{i}].securityProfile",
+                    "root, but cluster.podSecurity.enforce is restricted, which refuses pods that run as root: "
+                    "set securityProfile: nonRoot, or enforce: baseline",
+                )
 
     def _check_runtimes(self) -> None:
         # k3s/rke2 add the `nvidia` runtime but never make it the default: GPU pods must name it.
@@ -154,6 +167,13 @@ class StackConfig(_Model):
         hosts: dict[str, tuple[int, str | None]] = {}
         routes: dict[tuple[str, str], int] = {}
         for i, model in enumerate(self.models):
+            if self.cluster.require_commit_revisions and not re.fullmatch(COMMIT_SHA, model.revision):
+                raise _at(
+                    f"models[{i}].revision",
+                    f"{model.revision!r} is a branch or tag, which moves: pin the 40-hex commit it points at "
+                    f"(the model page's commit history, or `hf download --revision {model.revision}` prints the "
+                    "snapshot path), or set cluster.requireCommitRevisions: false for a lab",
+                )
             if model.gfd_product is not None and not self.cluster.gpu_feature_discovery:
                 raise _at(
                     f"models[{i}].gfdProduct",

@@ -235,3 +235,39 @@ def test_pod_job_and_statefulset_are_checked_too():
     found = check(pod, job, sts)
     assert {(v.kind, v.policy) for v in found} == {("Pod", "vllm-image-pinned"), ("Job", "vllm-image-pinned"),
                                                      ("StatefulSet", "vllm-image-pinned")}
+
+
+# ---------------------------------------------------------------------------- issue 24: reproducible models
+
+
+def _revision_findings(deployment, config=None):  # type: ignore[no-untyped-def]
+    return [v for v in check(deployment, config=config) if v.policy == "vllm-revision-pinned"]
+
+
+def test_a_served_branch_is_refused_unless_the_stack_is_a_lab() -> None:
+    assert _revision_findings(good("Deployment")) == []
+    for args in (["--revision=main"], ["--revision", "v1.0"], []):
+        deployment = good("Deployment")
+        c = container(deployment)
+        c["args"] = [a for a in c["args"] if not a.startswith("--revision")] + args
+        (finding,) = _revision_findings(deployment)
+        assert finding.level == "mandatory" and "40-hex commit" in finding.message
+        assert _revision_findings(deployment, config={"vllm-revision-pinned": {"requireCommit": False}}) == []
+
+
+def test_a_digest_pinned_vllm_image_passes() -> None:
+    deployment = good("Deployment")
+    container(deployment)["image"] = "vllm/vllm-openai@sha256:" + "0f" * 32
+    assert not {v.policy for v in check(deployment)} & {"vllm-image-pinned", "image-pinned"}
+
+
+def test_a_download_job_without_a_fail_fast_policy_is_flagged() -> None:
+    job = good("Job")
+    assert not [v for v in check(job) if v.policy == "model-download-fails-fast"]
+    for mutate in (lambda j: j["spec"].pop("podFailurePolicy"),
+                   lambda j: j["spec"]["podFailurePolicy"]["rules"][0].update(action="Ignore"),
+                   lambda j: j["spec"]["podFailurePolicy"]["rules"][0]["onExitCodes"].update(containerName="other")):
+        job = good("Job")
+        mutate(job)
+        (finding,) = [v for v in check(job) if v.policy == "model-download-fails-fast"]
+        assert finding.level == "advisory" and "podFailurePolicy" in finding.message
