@@ -32,7 +32,14 @@ def with_change(path: str, value: Any) -> dict[str, Any]:
     return raw
 
 
-DELETE = object()
+class _Delete:
+    """The key is removed (its repr names it: test ids must be the same in every pytest worker)."""
+
+    def __repr__(self) -> str:
+        return "<deleted>"
+
+
+DELETE = _Delete()
 
 
 def error_of(raw: dict[str, Any]) -> str:
