@@ -11,7 +11,7 @@ from typing import Annotated, Any, Union, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
 
-from stacks.config.base import PATTERN_HELP, PROJECT, ConfigError, _KeyPathError
+from stacks.config.base import CONFIG_KEY, PATTERN_HELP, PROJECT, ConfigError, UnechoedError, _KeyPathError
 from stacks.config.cluster import LABEL_KEY
 from stacks.config.stack import StackConfig
 
@@ -98,6 +98,12 @@ def _describe(exc: ValidationError) -> str:
     if isinstance(ctx_error, _KeyPathError):
         return f"{ctx_error.path}: {ctx_error}"
     path = _key_path(error["loc"])
+    if isinstance(ctx_error, UnechoedError):
+        return f"{path}: {str(ctx_error)}"
+    if ctx.get("pattern") == CONFIG_KEY:
+        # Never repeat it: a secret's value pasted here would land in the error line and the CI log.
+        return (f"{path}: must be {FORMATS[CONFIG_KEY]}, the name the value is stored under with "
+                "`pulumi config set --secret <name>` (the value given is not one, and is not repeated here)")
     if isinstance(ctx_error, ValueError) and getattr(ctx_error, "sub_path", None):
         path += ctx_error.sub_path
     given = error.get("input")

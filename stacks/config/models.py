@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, StringConstraints, field_validator, model_validator
 
-from stacks.config.base import CIDR, K8sName, LabelValue, SecretKeyName, _Model
+from stacks.config.base import CIDR, IPV4, ImageRef, K8sName, LabelValue, SecretKeyName, _Model, refuse_loopback
 
 
 class Ingress(_Model):
@@ -19,6 +19,33 @@ class Ingress(_Model):
     """Secret for the certificate; cert-manager fills it when the cluster has an issuer."""
     auth_url: str | None = Field(None, pattern=r"^https?://[A-Za-z0-9.:_\[\]-]+(/[A-Za-z0-9._~/%?=&-]*)?$")
     """ingress-nginx external auth (`auth-url`): every request is checked there first. A public model needs this or `apiKeySecret`."""
+
+    @field_validator("host")
+    @classmethod
+    def _dns_name(cls, host: str) -> str:
+        if IPV4.match(host):
+            raise ValueError("an IP address; Kubernetes accepts only a DNS name as an Ingress host "
+                             "(and a certificate names one): give the name that resolves to the edge, e.g. ai.example.com")
+        if len(host) > 253 or any(len(label) > 63 for label in host.split(".")):
+            raise ValueError("longer than DNS allows (253 characters, 63 per label)")
+        return host
+
+    @field_validator("path")
+    @classmethod
+    def _no_v1(cls, path: str) -> str:
+        trimmed = path.rstrip("/")
+        if trimmed.split("/")[-1] == "v1":
+            # The edge forwards `<path>/v1/...`: this path would serve `/v1/v1/...`.
+            raise ValueError(f"ends in /v1, which the edge appends itself (clients would need {trimmed}/v1/...); "
+                             f"write {trimmed[:-3] or '/'}")
+        return path
+
+    @field_validator("auth_url")
+    @classmethod
+    def _reachable_from_the_controller(cls, url: str | None) -> str | None:
+        if url is not None:
+            refuse_loopback(url, "the ingress-nginx controller calls it from its own pod")
+        return url
 
 
 class Replicas(_Model):
@@ -43,12 +70,6 @@ class Replicas(_Model):
         if self.min > self.max:
             raise ValueError(f"min ({self.min}) must be ≤ max ({self.max})")
         return self
-
-
-ImageRef = Annotated[
-    str,
-    StringConstraints(pattern=r"^[a-z0-9][a-z0-9._/:-]*[a-z0-9](:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}|@sha256:[0-9a-f]{64})$"),
-]
 
 
 # Flags the bundle sets from typed config (or must not be changed behind its back). Aliases
@@ -134,7 +155,7 @@ class Model(_Model):
     revision: str = Field("main", pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,99}$")
     """Branch, tag or commit of the repository; pin a commit for reproducible serving."""
     image: ImageRef = "vllm/vllm-openai:v0.11.0"
-    """vLLM image with a pinned tag or digest (`latest` is refused)."""
+    """vLLM image with a release version tag or a digest (a moving tag such as `latest` or `nightly` is refused)."""
     gpu_product: LabelValue
     """`nodes[].gpu.product` of the nodes this model runs on."""
     gfd_product: LabelValue | None = None
@@ -168,13 +189,6 @@ class Model(_Model):
     """`nonRoot`: UID/GID 2000 (the `vllm-openai` non-root image), read-only root filesystem, emptyDirs for HOME and /tmp."""
     smoke_test: bool = True
     """After each rollout, a Job asks the model for one token; `pulumi up` fails when inference does not answer."""
-
-    @field_validator("image")
-    @classmethod
-    def _pinned(cls, image: str) -> str:
-        if image.endswith(":latest"):
-            raise ValueError(f"{image!r} is not pinned; use a version tag such as vllm/vllm-openai:v0.11.0")
-        return image
 
     @field_validator("name")
     @classmethod
