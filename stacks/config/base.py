@@ -8,6 +8,8 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, BaseModel, ConfigDict, StringConstraints
 from pydantic.alias_generators import to_camel
 
+from stacks.config.secrets import looks_like_secret_value
+
 # One judgement of image tags for the config and the policy pack (which runs on its own, so it owns it).
 from policy.rules.workloads import image_problem
 
@@ -51,6 +53,9 @@ SafePath = Annotated[str, StringConstraints(pattern=SAFE_PATH, max_length=255)]
 
 
 def _pinned(image: str) -> str:
+    if "://" in image:
+        # Kubernetes takes a bare reference: the kubelet refuses a scheme as an invalid image name.
+        raise ValueError(f"an image reference has no scheme; write {image.split('://', 1)[1]}")
     problem = image_problem(image)
     if problem:
         repo = image.rsplit(":", 1)[0] if ":" in image.rsplit("/", 1)[-1] else image
@@ -59,25 +64,6 @@ def _pinned(image: str) -> str:
 
 
 ImageRef = Annotated[str, StringConstraints(pattern=IMAGE), AfterValidator(_pinned)]
-
-
-# Shapes of credentials people paste where the *name* of a secret config key belongs.
-TOKEN_PREFIXES = re.compile(r"^(hf_|sk-|sk_|ghp_|gho_|ghs_|github_pat_|glpat-|xox[abprs]-|AKIA|eyJ)")
-
-
-def looks_like_secret_value(text: str) -> bool:
-    """A secret config key name that is probably the secret itself: a known token prefix, or a
-    long random-looking string (a name is words: `vllmApiKey`, `sshHostKeyWorker02`)."""
-    if TOKEN_PREFIXES.match(text) and len(text) >= 16:
-        return True
-    if len(text) < 20:
-        return False
-    digits = sum(c.isdigit() for c in text)
-    upper = sum(c.isupper() for c in text)
-    if re.fullmatch(r"[0-9a-fA-F]+", text) and digits >= 4:
-        return True  # a hex key
-    # Random base62/64: digits and capitals throughout; a camelCase name has a capital per word.
-    return digits >= 4 and upper >= 4 and (digits + upper) * 10 >= len(text) * 4
 
 
 class UnechoedError(ValueError):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from pydantic import Field, model_validator
@@ -12,6 +12,7 @@ from stacks.config.base import ConfigError, SecretKeyName, _at, _Model, _unique
 from stacks.config.cluster import Cluster
 from stacks.config.models import Model
 from stacks.config.nodes import Node, disk_identity, size_gb_for
+from stacks.config.secrets import value_problem
 from stacks.config.storage import ModelStorage, usable_gib
 from stacks.placement import stranded_pod
 
@@ -301,6 +302,24 @@ class StackConfig(_Model):
     def secret_keys(self) -> list[str]:
         """Every secret config key this stack reads, in a stable order."""
         return list(dict.fromkeys(key for key, *_ in self.secret_roles()))
+
+
+# ---------------------------------------------------------------------------- against the secret values
+
+
+def check_secret_values(stack: StackConfig, value_of: Callable[[str], str]) -> None:
+    """Raise ConfigError when a secret holds another kind of credential than the key that reads it
+    expects, or the same credential as a secret of another role. Never says the value."""
+    seen: dict[str, tuple[str, str, str]] = {}
+    for key, role, path, what in stack.secret_roles():
+        value = value_of(key)
+        problem = value_problem(role, value, what)
+        if problem:
+            raise ConfigError(f"{path}: the secret {key} {problem}")
+        other = seen.setdefault(value, (key, role, path)) if value else (key, role, path)
+        if other[0] != key and other[1] != role:
+            raise ConfigError(f"{path}: the secret {key} holds the same value as {other[0]} ({other[2]}); "
+                              f"one credential for two roles reaches the wrong audience: set {key} to {what} of its own")
 
 
 # ---------------------------------------------------------------------------- against the deployed stack
