@@ -63,8 +63,10 @@ $(STAMP): requirements.txt requirements-dev.txt
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
 	touch $(RUNTIME_STAMP) $@
 
+# Not echoed: a config error is then the render's one line, followed only by make's own
+# "make: *** [...render] Error 1" (make exits 2); README "Quick start" says so.
 render: $(RENDER_STAMP)
-	$(PY) -m tools.render $(STACK) $(if $(DEPLOYED),--deployed $(DEPLOYED))
+	@$(PY) -m tools.render $(STACK) $(if $(DEPLOYED),--deployed $(DEPLOYED))
 
 test: $(STAMP) $(CHECKOV) checkers
 	$(PY) -m pytest -q
