@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -79,6 +80,8 @@ def test_make_render_with_a_bad_config_is_the_one_line_and_make_exit_2(tmp_path:
     """README "Quick start": the render's line, make's own trailer, exit 2; nothing on stdout."""
     clone = tmp_path / "repo"
     subprocess.run(["git", "clone", "--quiet", str(ROOT), str(clone)], check=True)
+    for requirements in ("requirements.txt", "requirements-dev.txt"):
+        os.utime(clone / requirements, (0, 0))  # older than the venv's stamps: make installs nothing
     (clone / "Pulumi.bad.yaml").write_text((ROOT / "Pulumi.prod.yaml").read_text().replace("sizeGb: 1000", "sizeGb: -5"))
     result = make("render", "STACK=bad", f"VENV={ROOT / 'venv'}", cwd=clone)
     assert result.returncode == 2
