@@ -265,3 +265,21 @@ def test_a_pasted_url_gets_the_hint_of_its_key(path: str, value: str, hint: str)
     assert message.endswith(f"; {hint})"), message
     if "host" not in path:
         assert "give the host alone" not in message
+
+
+def test_failure_modes_quotes_the_real_lines(tmp_path: Path) -> None:
+    doc = (ROOT / "docs" / "failure-modes.md").read_text()
+    stack_file = tmp_path / "Pulumi.prod.yaml"
+    stack_file.write_text(DUPLICATES[1][0])
+    with pytest.raises(RenderError) as caught:
+        run_program("prod", stack_file=stack_file)
+    lines = [
+        f"render prod: {caught.value}",
+        error_of(with_change("models.0.apiKeySecret", "hfToken")),
+        error_of(with_change("models.0.ingress.path", "/qwen/v1")),
+        error_of(second_model(host="b.primer.rs", tlsSecret="ai-tls")),
+        error_of(second_node(storage={"disks": ["/dev/sdc", "/dev/disk/by-id/wwn-0x5000c500a1b2c3d4"]})).split("; ")[0],
+        error_of(with_change("models.0.image", "vllm/vllm-openai:nightly")).split(" (vllm/vllm-openai@")[0],
+    ]
+    for line in lines:
+        assert line in doc, line
