@@ -90,7 +90,8 @@ REFUSED = [
     ("Prometheus on 127.0.0.1", with_change("cluster.prometheusUrl", "http://127.0.0.1:9090"), "cluster.prometheusUrl", "loopback"),
     ("auth service on loopback", with_change("models.0.ingress.authUrl", "http://127.0.0.1:4180/oauth2/auth"), "models[0].ingress.authUrl",
      "the ingress-nginx controller calls it from its own pod"),
-    ("NFS server with a port", with_change("modelStorage", {"type": "nfs", "server": "nas.lan:2049", "path": "/export/models", "sizeGi": 500}),
+    ("NFS server with a port",
+     with_change("modelStorage", {"type": "nfs", "server": "nas.lan:2049", "path": "/export/models", "sizeGi": 500}),
      "modelStorage.server", "'nas.lan:2049' includes a port; write server: nas.lan"),
     ("one TLS secret for two hosts under cert-manager", second_model(host="b.primer.rs", tlsSecret="ai-tls"),
      "models[1].ingress.tlsSecret", "'ai-tls' already holds the certificate cert-manager issues for ai.primer.rs (models[0])"),
@@ -192,7 +193,8 @@ WRONG_VALUES = [
 ]
 
 
-@pytest.mark.parametrize(("values", "expected"), WRONG_VALUES, ids=[e.split(":")[0] + " " + e.split("holds ")[1][:20] for _, e in WRONG_VALUES])
+@pytest.mark.parametrize(("values", "expected"), WRONG_VALUES,
+                         ids=[e.split(":")[0] + " " + e.split("holds ")[1][:20] for _, e in WRONG_VALUES])
 def test_a_secret_of_the_wrong_kind_is_refused_without_its_value(values: dict[str, str], expected: str) -> None:
     with pytest.raises(RenderError) as caught:
         run_program("prod", secret_values=values)
@@ -249,7 +251,8 @@ def test_prod_and_lab_pass_every_check() -> None:
 
 URL_HINTS = [
     ("models.0.huggingFaceId", "https://huggingface.co/Qwen/Qwen3-8B-AWQ", "give the repository id alone, e.g. Qwen/Qwen3-8B-AWQ"),
-    ("models.0.huggingFaceId", "https://huggingface.co/Qwen/Qwen3-8B-AWQ/tree/main", "give the repository id alone, e.g. Qwen/Qwen3-8B-AWQ"),
+    ("models.0.huggingFaceId", "https://huggingface.co/Qwen/Qwen3-8B-AWQ/tree/main",
+     "give the repository id alone, e.g. Qwen/Qwen3-8B-AWQ"),
     ("models.0.revision", "https://huggingface.co/Qwen/Qwen3-8B-AWQ/tree/v1.0", "give the revision alone, e.g. v1.0"),
     ("models.0.revision", "https://huggingface.co/Qwen/Qwen3-8B-AWQ/commit/0123abc", "give the revision alone, e.g. 0123abc"),
     ("models.0.revision", "https://huggingface.co/Qwen/Qwen3-8B-AWQ", "give the branch, tag or commit alone, e.g. main"),

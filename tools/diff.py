@@ -5,7 +5,8 @@
 Renders STACK at the git ref BASE (in a temporary worktree) and in the working tree, then
 prints a summary — Kubernetes objects and node steps added, changed, renamed (same body under a new
 name: one line, no diff) and removed, the models whose serving pods restart (with what that costs:
-one replica under the GPU-safe rollout is briefly down), and the node scripts `pulumi up` would run again, per node with the reason (the step's parameters, the shared
+one replica under the GPU-safe rollout is briefly down), and the node scripts `pulumi up` would run
+again, per node with the reason (the step's parameters, the shared
 helpers in lib.sh, its own script, its connection) — followed by unified diffs of the manifests and scripts.
 A stack file that does not exist at BASE (a new stack) counts as an empty stack: everything is
 added. Exit 0 when the renders are equal, 1 when they differ, 2 on error; the last line, on
@@ -130,13 +131,17 @@ def restarts(old: Snapshot, new: Snapshot) -> list[Restart]:
     found = []
     for key, after in sorted(new.objects.items()):
         before = old.objects.get(key)
-        if before is None or not _is_server(after) or (before.get("spec") or {}).get("template") == (after.get("spec") or {}).get("template"):
+        if before is None or not _is_server(after) or _template(before) == _template(after):
             continue
         model = (after.get("metadata") or {}).get("labels", {}).get(INSTANCE) or _name(key)
         replicas = _fewest_replicas(new, after)
         how, down = _rollout(after, replicas)
         found.append(Restart(model, replicas, how, down))
     return found
+
+
+def _template(obj: dict[str, Any]) -> Any:
+    return (obj.get("spec") or {}).get("template")
 
 
 def _is_server(obj: dict[str, Any]) -> bool:

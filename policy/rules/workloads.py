@@ -7,7 +7,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from . import k8s
-from .core import ADVISORY, MANDATORY, Resource, Rule
+from .core import MANDATORY, Resource, Rule
 from .k8s import GPU, as_list, as_map, container_name, dig, to_int
 
 

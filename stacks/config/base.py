@@ -8,10 +8,9 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, BaseModel, ConfigDict, StringConstraints
 from pydantic.alias_generators import to_camel
 
-from stacks.config.secrets import looks_like_secret_value
-
 # One judgement of image tags for the config and the policy pack (which runs on its own, so it owns it).
 from policy.rules.workloads import image_problem
+from stacks.config.secrets import looks_like_secret_value
 
 PROJECT = "gpu-serving"
 

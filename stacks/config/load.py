@@ -99,7 +99,7 @@ def _describe(exc: ValidationError) -> str:
         return f"{ctx_error.path}: {ctx_error}"
     path = _key_path(error["loc"])
     if isinstance(ctx_error, UnechoedError):
-        return f"{path}: {str(ctx_error)}"
+        return f"{path}: {ctx_error!s}"
     if ctx.get("pattern") == CONFIG_KEY:
         # Never repeat it: a secret's value pasted here would land in the error line and the CI log.
         return (f"{path}: must be {FORMATS[CONFIG_KEY]}, the name the value is stored under with "

@@ -41,7 +41,8 @@ def value_problem(role: str, value: str, what: str) -> str | None:
         return ("holds an SSH private key, but a host key is the node's public key: set it from "
                 "`ssh-keyscan -t ed25519 <host> | cut -d' ' -f2-`")
     if role == "ssh-private" and public:
-        return "holds an SSH public key, but the steps log in with the private key (the text of the key file, -----BEGIN ... PRIVATE KEY-----)"
+        return ("holds an SSH public key, but the steps log in with the private key "
+                "(the text of the key file, -----BEGIN ... PRIVATE KEY-----)")
     if role in ("hf", "api-key", "kubeconfig") and (private or public):
         return f"holds an SSH key, not {what}"
     if role == "api-key" and text.startswith("hf_"):

@@ -238,7 +238,8 @@ def test_image_pinned(image, violates):
 @pytest.mark.parametrize(("image", "violates"), IMAGES)
 def test_the_device_plugin_daemonset_image_is_checked(image, violates):
     plugin = {"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "nvidia-device-plugin", "namespace": "kube-system"},
-              "spec": {"template": {"spec": {"containers": [{"name": "plugin", "image": image.replace("vllm/vllm-openai", "nvcr.io/nvidia/k8s-device-plugin")}]}}}}
+              "spec": {"template": {"spec": {"containers": [
+                  {"name": "plugin", "image": image.replace("vllm/vllm-openai", "nvcr.io/nvidia/k8s-device-plugin")}]}}}}
     refused = {v.policy for v in check(plugin) if v.level == "mandatory"} & {"image-pinned", "vllm-image-pinned"}
     assert bool(refused) is violates
 
