@@ -75,6 +75,14 @@ REFUSED = [
      "looks like the secret's value"),
     ("base64 key pasted as its name", with_change("models.0.apiKeySecret", "dGhpcyBpcyBub3Qg+YSBuYW1l/Zm9yIGEga2V5=="),
      "models[0].apiKeySecret", "the value given is not one, and is not repeated here"),
+    # a credential written as a literal where it would land in the manifest (never repeated)
+    ("HF token as --hf-token", with_change("models.0.extraArgs", ["--hf-token=hf_AbCdEfGhIjKlMnOpQrSt"]), "models[0].extraArgs[0]",
+     "holds what looks like a credential"),
+    ("API key in a header flag",
+     with_change("models.0.extraArgs", ["--max-num-seqs=8", "--header=Authorization: Bearer sk-proj-abcdefghijklmnop"]),
+     "models[0].extraArgs[1]", "the bundle passes the HF token from hfTokenSecret"),
+    ("HF token as an env value", with_change("models.0.env", {"MY_HUB": "hf_AbCdEfGhIjKlMnOpQrSt"}), "models[0].env",
+     "MY_HUB: its value looks like a credential"),
     # values the receiving side refuses or misreads
     ("IP as Ingress host", with_change("models.0.ingress.host", "192.168.10.20"), "models[0].ingress.host",
      "an IP address; Kubernetes accepts only a DNS name as an Ingress host"),
@@ -93,6 +101,8 @@ REFUSED = [
     ("NFS server with a port",
      with_change("modelStorage", {"type": "nfs", "server": "nas.lan:2049", "path": "/export/models", "sizeGi": 500}),
      "modelStorage.server", "'nas.lan:2049' includes a port; write server: nas.lan"),
+    ("NFS server on loopback", with_change("modelStorage", {"type": "nfs", "server": "127.0.0.1", "path": "/export", "sizeGi": 500}),
+     "modelStorage.server", "every node would mount itself"),
     ("one TLS secret for two hosts under cert-manager", second_model(host="b.primer.rs", tlsSecret="ai-tls"),
      "models[1].ingress.tlsSecret", "'ai-tls' already holds the certificate cert-manager issues for ai.primer.rs (models[0])"),
     # moving image tags, on every image the stack deploys
@@ -135,6 +145,14 @@ def test_each_mistake_is_one_line_naming_the_key(name: str, raw: dict[str, Any],
     assert "\n" not in message and len(message) <= 300
 
 
+@pytest.mark.parametrize("args", [["--api-key=sk-secret-123456"], ["--hf-token", "hf_AbCdEfGhIjKlMnOpQrSt"],
+                                  ["--hf-token=hf_AbCdEfGhIjKlMnOpQrSt"]])
+def test_a_secret_flag_is_refused_without_its_value(args: list[str]) -> None:
+    message = error_of(with_change("models.0.extraArgs", args))
+    assert message.startswith("models[0].extraArgs["), message
+    assert "sk-secret" not in message and "hf_AbC" not in message, message
+
+
 @pytest.mark.parametrize("value", ["hf_AbCdEfGhIjKlMnOpQrStUvWxYz01234567", "dGhpcyBpcyBub3Qg+YSBuYW1l/Zm9yIGEga2V5==",
                                    "3f9a0c1be4d27a6f58b0c3e1d9a47f20", "-----BEGIN OPENSSH PRIVATE KEY-----"])
 def test_a_pasted_secret_is_never_repeated_in_the_error(value: str) -> None:
@@ -167,6 +185,9 @@ ACCEPTED = [
     ("renderYamlTo named like rendered", gitops("rendered-gitops")),
     ("long camelCase key names", with_change("models.0.apiKeySecret", "vllmApiKeyForTheProductionQwen3Model")),
     ("key names with a number", with_change("nodes.0.ssh.hostKeySecret", "sshHostKeyWorker02Rack3")),
+    ("ordinary env values and flags", with_change("models.0", {**prod_raw()["models"][0],
+     "env": {"VLLM_LOGGING_LEVEL": "DEBUG", "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "GIT_SHA": "0123456789abcdef" * 2},
+     "extraArgs": ["--max-num-seqs=64", "--seed", "-1", "--chat-template", "{{ messages }}", "--kv-cache-dtype=fp8"]})),
 ]
 
 

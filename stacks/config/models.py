@@ -8,6 +8,7 @@ from typing import Annotated, Literal
 from pydantic import Field, StringConstraints, field_validator, model_validator
 
 from stacks.config.base import CIDR, IPV4, ImageRef, K8sName, LabelValue, SecretKeyName, _Model, refuse_loopback
+from stacks.config.secrets import looks_like_secret_value
 
 
 class Ingress(_Model):
@@ -82,6 +83,7 @@ BUNDLE_FLAGS = {
     "--data-parallel-size": "replicas", "-dp": "replicas",
     "--gpu-memory-utilization": "gpuMemoryUtilization", "--max-model-len": "maxModelLen",
     "--api-key": "apiKeySecret (a literal would land in the manifest)",
+    "--hf-token": "hfTokenSecret (a literal would land in the manifest)",
     "--disable-log-stats": "nothing: it removes the queue metric autoscaling and monitoring read",
     "--shutdown-timeout": "the bundle (the drain time, from the stream timeout)",
 }
@@ -114,6 +116,9 @@ def flag_name(arg: str) -> str | None:
     return name
 
 
+SECRET_FLAGS = ("--api-key", "--hf-token")
+# A credential inside an argument (`--header=Authorization: Bearer sk-…`), not only as the whole value.
+SECRET_VALUE_START = re.compile(r"(^|[\s=:])(hf_|sk-|ghp_|github_pat_|glpat-)[A-Za-z0-9_-]{12,}")
 SHORT_FLAGS = tuple(sorted((f for f in BUNDLE_FLAGS if not f.startswith("--")), key=len, reverse=True))
 
 
@@ -132,6 +137,10 @@ def check_extra_args(args: list[str]) -> None:
     short aliases (`-tp 2`, `-tp=2`, `-tp2`).
     """
     for i, arg in enumerate(args):
+        if looks_like_secret_value(arg.split("=", 1)[-1].strip(), hex_too=False) or SECRET_VALUE_START.search(arg):
+            # Not repeated: it may be the credential itself.
+            raise FlagError(i, "holds what looks like a credential, and extraArgs land in the manifest and the pod spec: "
+                               "the bundle passes the HF token from hfTokenSecret and the API key from apiKeySecret")
         if flag_name(arg) is None:
             continue
         # `--a --b=2` or `--flag 2` in one element: every word before the first `=` may be a flag.
@@ -139,7 +148,8 @@ def check_extra_args(args: list[str]) -> None:
         for word in words:
             flag = flag_name(word)
             if flag in BUNDLE_FLAGS:
-                raise FlagError(i, f"{arg!r}: {flag} is set by the bundle from {BUNDLE_FLAGS[flag]}; change that key instead")
+                shown = flag if flag in SECRET_FLAGS else repr(arg)  # never repeat a secret's value
+                raise FlagError(i, f"{shown}: {flag} is set by the bundle from {BUNDLE_FLAGS[flag]}; change that key instead")
         if len(words) > 1:
             # The container gets each element as one argv entry: argparse takes `--flag 2` for a positional.
             fix = f"write {flag_name(words[0])}={words[1]} or two elements" if len(words) == 2 and flag_name(words[1]) is None \
@@ -206,7 +216,10 @@ class Model(_Model):
     @field_validator("env")
     @classmethod
     def _no_literal_secrets(cls, env: dict[str, str]) -> dict[str, str]:
-        for name in env:
+        for name, value in env.items():
+            if looks_like_secret_value(value, hex_too=False) or SECRET_VALUE_START.search(value):
+                raise ValueError(f"{name}: its value looks like a credential, and literal env values land in the manifest; "
+                                 "store it with `pulumi config set --secret` (the bundle passes hfTokenSecret and apiKeySecret)")
             if SECRET_LIKE.search(name):
                 raise ValueError(f"{name} looks like a secret; literal env values land in the manifest, use *Secret keys")
             if name in BUNDLE_ENV:

@@ -13,9 +13,11 @@ PUBLIC_KEY = re.compile(r"^(\S+\s+)?(ssh-(ed25519|rsa|dss)|ecdsa-sha2-\S+|sk-(ss
 PRIVATE_KEY = "PRIVATE KEY-----"
 
 
-def looks_like_secret_value(text: str) -> bool:
+def looks_like_secret_value(text: str, hex_too: bool = True) -> bool:
     """A secret config key name that is probably the secret itself: a known token prefix, or a
-    long random-looking string (a name is words: `vllmApiKey`, `sshHostKeyWorker02`)."""
+    long random-looking string (a name is words: `vllmApiKey`, `sshHostKeyWorker02`).
+
+    `hex_too=False` for literal values (env, flags), where a long hex string is as likely a commit."""
     if TOKEN_PREFIXES.match(text) and len(text) >= 16:
         return True
     if len(text) < 20:
@@ -23,7 +25,7 @@ def looks_like_secret_value(text: str) -> bool:
     digits = sum(c.isdigit() for c in text)
     upper = sum(c.isupper() for c in text)
     lower = sum(c.islower() for c in text)
-    if re.fullmatch(r"[0-9a-fA-F]+", text) and digits >= 4:
+    if re.fullmatch(r"[0-9a-fA-F]+", text) and digits >= 4 and hex_too:
         return True  # a hex key
     # Random base62/64: digits, capitals and small letters throughout; a camelCase name has a
     # capital per word, an UPPER_SNAKE one no small letters.

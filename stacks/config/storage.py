@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 
-from stacks.config.base import K8sName, NodeName, SafePath, _Model, refuse_port
+from stacks.config.base import LOOPBACK, K8sName, NodeName, SafePath, _Model, refuse_port
 
 # mdadm 1.2 superblocks reserve a data offset in front of the data; recent mdadm uses up to
 # 128 MiB on large members (the internal bitmap lives in that gap).
@@ -55,6 +55,10 @@ class NfsStorage(_StorageBase):
     @field_validator("server")
     @classmethod
     def _no_port(cls, server: str) -> str:
+        if LOOPBACK.match(server) or server == "::1":
+            # The kubelet of whichever node the pod lands on mounts it: each would mount itself.
+            raise ValueError("a loopback address; the kubelet on each node mounts the export, so every node would mount "
+                             "itself: give the NFS server's name or address as the nodes reach it, e.g. nas.lan or 10.0.0.9")
         return refuse_port(server, "write server: {name} (a Kubernetes NFS volume has no port field; the kubelet mounts port 2049)")
 
 
