@@ -316,8 +316,9 @@ def check_secret_values(stack: StackConfig, value_of: Callable[[str], str]) -> N
         problem = value_problem(role, value, what)
         if problem:
             raise ConfigError(f"{path}: the secret {key} {problem}")
-        other = seen.setdefault(value, (key, role, path)) if value else (key, role, path)
-        if other[0] != key and other[1] != role:
+        kind = role.split()[0]  # two machines' host keys are one kind (cloned images share theirs)
+        other = seen.setdefault(value, (key, kind, path)) if value else (key, kind, path)
+        if other[0] != key and other[1] != kind:
             raise ConfigError(f"{path}: the secret {key} holds the same value as {other[0]} ({other[2]}); "
                               f"one credential for two roles reaches the wrong audience: set {key} to {what} of its own")
 
