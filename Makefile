@@ -68,8 +68,10 @@ $(STAMP): requirements.txt requirements-dev.txt | $(UV)
 	$(UV) pip install --quiet --python $(PY) -r requirements-dev.txt
 	touch $(RUNTIME_STAMP) $@
 
+# Not echoed: a config error is then the render's one line, followed only by make's own
+# "make: *** [...render] Error 1" (make exits 2); README "Quick start" says so.
 render: $(RENDER_STAMP)
-	$(PY) -m tools.render $(STACK) $(if $(DEPLOYED),--deployed $(DEPLOYED))
+	@$(PY) -m tools.render $(STACK) $(if $(DEPLOYED),--deployed $(DEPLOYED))
 
 # One pytest worker per core (pytest-xdist): the suite is CPU-bound renders under the mock engine.
 test: $(STAMP) $(CHECKOV) checkers

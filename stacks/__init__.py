@@ -9,6 +9,7 @@ import pulumi
 
 from stacks.config import PROJECT, TOP_LEVEL_KEYS, ConfigError, StackConfig, parse, refuse_shrinking
 from stacks.config.load import check_namespaces
+from stacks.config.stack import check_secret_values
 
 __all__ = ["ConfigError", "StackConfig", "deployed_outputs", "load", "parse", "read_raw", "secret"]
 
@@ -53,6 +54,7 @@ def load(config: pulumi.Config | None = None) -> StackConfig:
         for key in stack.secret_keys():
             if runtime_config.get_config(f"{PROJECT}:{key}") is None:
                 raise ConfigError(f"{key}: secret is not set; run `pulumi config set --secret {key}` (value from stdin)")
+        check_secret_values(stack, lambda key: runtime_config.get_config(f"{PROJECT}:{key}") or "")
         refuse_shrinking(stack, deployed_outputs().get("nodes") or {})
         return stack
     except ConfigError as exc:

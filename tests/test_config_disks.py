@@ -44,6 +44,7 @@ def twin(port: int | None) -> dict:
     other["storage"].update(disks=["/dev/sdc", "/dev/sdd"], raidName="models2")
     if port is not None:
         other["ssh"]["port"] = port
+        other["ssh"]["hostKeySecret"] = f"sshHostKey{port}"  # another port may be another machine, with its own host key
     raw["nodes"].append(other)
     return raw
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tools.diff import Snapshot, report, reruns
+from tools.diff import Restart, Snapshot, report, reruns, restarts, summary
 from tools.render import ROOT
 
 PV = {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": "ai-models"}, "spec": {"capacity": {"storage": "912Gi"}}}
@@ -47,7 +47,7 @@ def test_added_changed_and_removed_objects_are_listed() -> None:
     new = snapshot([bigger, ingress], [step("n1:10-preflight", "echo check\n"), step("n1:20-partition", "echo part\n")])
     text, differs = report(BASE, new, "main", "prod")
     assert differs
-    assert "| Kubernetes objects | 1 | 1 | 1 |" in text
+    assert "| Kubernetes objects | 1 | 1 | 0 | 1 |" in text
     assert "- Kubernetes objects added: `Ingress/ai/qwen3`" in text
     assert "- Kubernetes objects changed: `PersistentVolume/ai-models`" in text
     assert "- Kubernetes objects removed: `Service/ai/qwen3`" in text
@@ -60,7 +60,7 @@ def test_a_changed_node_script_is_a_rerun_and_shows_its_diff() -> None:
                                step("n1:30-raid", "echo raid\n")])
     text, differs = report(BASE, new, "main", "prod")
     assert differs
-    assert "| node steps | 1 | 1 | 0 |" in text
+    assert "| node steps | 1 | 1 | 0 | 0 |" in text
     assert reruns(BASE, new) == ["n1:20-partition", "n1:30-raid"]
     assert "Node scripts `pulumi up` would run again: `n1:20-partition`, `n1:30-raid`" in text
     assert "--- a/nodes/n1/20-partition.sh\n+++ b/nodes/n1/20-partition.sh" in text
@@ -182,3 +182,93 @@ def test_a_lib_change_on_a_clone_lists_every_step_of_the_node(clone: Path) -> No
     rows = [line for line in result.stdout.splitlines() if line.startswith("| `k8s-worker-02` |")]
     assert len(rows) == 8
     assert all(row.endswith("| shared helpers (lib.sh) |") for row in rows), rows
+
+
+# ---------------------------------------------------------------------------- renames and restarts (issue 23)
+
+
+def smoke_job(name: str, body: str = "curl vllm-qwen3:8000/v1/completions") -> dict:
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name, "namespace": "ai"},
+            "spec": {"template": {"spec": {"containers": [{"name": "smoke", "command": ["sh", "-c", f"{body} > /tmp/{name}.done"]}]}}}}
+
+
+def server(image: str, scaler_min: int | None = 1, replicas: int | None = None, strategy: dict | None = None) -> list[dict]:
+    deployment = {"apiVersion": "apps/v1", "kind": "Deployment",
+                  "metadata": {"name": "vllm-qwen3", "namespace": "ai",
+                               "labels": {"app.kubernetes.io/component": "inference-server", "app.kubernetes.io/instance": "qwen3"}},
+                  "spec": {"strategy": strategy or {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
+                           "template": {"spec": {"containers": [{"name": "vllm", "image": image}]}}}}
+    if replicas is not None:
+        deployment["spec"]["replicas"] = replicas
+    objects = [deployment]
+    if scaler_min is not None:
+        objects.append({"apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject", "metadata": {"name": "vllm-qwen3", "namespace": "ai"},
+                        "spec": {"scaleTargetRef": {"name": "vllm-qwen3"}, "minReplicaCount": scaler_min, "maxReplicaCount": 2}})
+    return objects
+
+
+def test_a_renamed_object_with_the_same_body_is_one_line() -> None:
+    old = snapshot([PV, smoke_job("vllm-qwen3-smoke-216d9794")], [])
+    new = snapshot([PV, smoke_job("vllm-qwen3-smoke-0badf00d")], [])
+    text, differs = report(old, new, "main", "prod")
+    assert differs
+    assert "| Kubernetes objects | 0 | 0 | 1 | 0 |" in text
+    assert "- Kubernetes objects renamed: `Job/ai/vllm-qwen3-smoke-216d9794` → `vllm-qwen3-smoke-0badf00d` (same body)" in text
+    assert "added: `" not in text and "removed: `" not in text
+    assert "### Manifests" not in text and "curl" not in text
+    assert summary(text, differs, "main", "prod") == (
+        "diff prod: differs from main (Kubernetes objects +0 ~0 -0 (1 renamed)); the report is above")
+
+
+def test_a_renamed_object_with_another_body_is_an_add_and_a_remove() -> None:
+    old = snapshot([smoke_job("vllm-qwen3-smoke-216d9794")], [])
+    new = snapshot([smoke_job("vllm-qwen3-smoke-0badf00d", body="curl vllm-qwen3:8000/v1/chat/completions")], [])
+    text, _ = report(old, new, "main", "prod")
+    assert "| Kubernetes objects | 1 | 0 | 0 | 1 |" in text
+    assert "renamed: `" not in text
+    assert "+++ b/manifests/Job/ai/vllm-qwen3-smoke-0badf00d" in text
+
+
+def test_a_pod_template_change_says_which_model_restarts_and_that_one_replica_means_downtime() -> None:
+    old = snapshot(server("vllm/vllm-openai:v0.11.0"), [])
+    new = snapshot(server("vllm/vllm-openai:v0.18.0"), [])
+    text, differs = report(old, new, "main", "prod")
+    assert restarts(old, new) == [Restart("qwen3", 1, restarts(old, new)[0].how, True)]
+    assert "Serving pods restarted (their pod template changes): `qwen3` (briefly down)" in text
+    assert "- `qwen3`: 1 replica, and the GPU-safe rollout (maxSurge 0) stops it before its replacement starts" in text
+    assert summary(text, differs, "main", "prod").endswith("restarts the serving pods of qwen3 (briefly down)); the report is above")
+
+
+@pytest.mark.parametrize(
+    ("objects", "down", "words"),
+    [
+        (server("v2", scaler_min=2), False, "2 replicas at the least, replaced one at a time"),
+        (server("v2", scaler_min=None, replicas=3), False, "3 replicas at the least"),
+        (server("v2", scaler_min=None), True, "1 replica"),
+        (server("v2", scaler_min=2, strategy={"type": "Recreate"}), True, "Recreate stops every pod first"),
+    ],
+)
+def test_what_a_restart_costs_follows_replicas_and_strategy(objects: list[dict], down: bool, words: str) -> None:
+    old = snapshot(server("v1", scaler_min=None), [])
+    (restart,) = restarts(old, snapshot(objects, []))
+    assert restart.down is down and words in restart.how
+
+
+def test_no_restart_when_the_pod_template_is_the_same() -> None:
+    old = snapshot(server("v1"), [])
+    scaled = copy.deepcopy(server("v1", scaler_min=2))
+    text, _ = report(old, snapshot(scaled, []), "main", "prod")
+    assert restarts(old, snapshot(scaled, [])) == []
+    assert "Serving pods restarted: none" in text
+
+
+def test_a_model_change_on_a_clone_shows_the_smoke_job_renamed_and_the_restart(clone: Path) -> None:
+    stack = clone / "Pulumi.prod.yaml"
+    stack.write_text(stack.read_text().replace("maxModelLen: 16384", "maxModelLen: 8192"))
+    result = run_diff(clone, "HEAD", "prod")
+    assert result.returncode == 1, result.stderr
+    renamed = [line for line in result.stdout.splitlines() if "renamed: `Job/ai/vllm-qwen3-smoke-" in line]
+    assert len(renamed) == 1 and renamed[0].endswith("(same body)"), result.stdout[:3000]
+    assert "Serving pods restarted (their pod template changes): `qwen3` (briefly down)" in result.stdout
+    assert "+++ b/manifests/Job/ai/vllm-qwen3-smoke" not in result.stdout
+    assert "restarts the serving pods of qwen3 (briefly down)" in result.stderr.strip().splitlines()[-1]

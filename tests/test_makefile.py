@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -73,3 +74,20 @@ def test_an_old_python_gets_one_line_and_no_pip(tmp_path: Path) -> None:
     missing = make("render", f"VENV={tmp_path / 'venv'}", "PYTHON=no-such-python3")
     assert missing.stderr.splitlines()[0].startswith("gpu-serving needs Python 3.11 or newer; 'no-such-python3' does not run")
     assert make("python-version").returncode == 0
+
+
+def test_make_render_with_a_bad_config_is_the_one_line_and_make_exit_2(tmp_path: Path) -> None:
+    """README "Quick start": the render's line, make's own trailer, exit 2; nothing on stdout."""
+    clone = tmp_path / "repo"
+    subprocess.run(["git", "clone", "--quiet", str(ROOT), str(clone)], check=True)
+    for requirements in ("requirements.txt", "requirements-dev.txt"):
+        os.utime(clone / requirements, (0, 0))  # older than the venv's stamps: make installs nothing
+    (clone / "Pulumi.bad.yaml").write_text((ROOT / "Pulumi.prod.yaml").read_text().replace("sizeGb: 1000", "sizeGb: -5"))
+    result = make("render", "STACK=bad", f"VENV={ROOT / 'venv'}", cwd=clone)
+    assert result.returncode == 2
+    assert result.stdout == ""
+    line, trailer = result.stderr.splitlines()
+    assert line == "render bad: config error: nodes[0].storage.sizeGb: Input should be greater than or equal to 1 (got -5)"
+    assert re.fullmatch(r"make: \*\*\* \[Makefile:\d+: render\] Error 1", trailer), trailer
+    readme = (ROOT / "README.md").read_text()
+    assert "make's own `make: *** [Makefile:NN: render] Error 1` after it, and exits 2" in readme

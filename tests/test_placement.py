@@ -39,7 +39,9 @@ def test_stranded_pod(nodes: list[int], pods: list[int], stranded: int | None) -
 def shared_stack(models: list[tuple[int, int]], nodes: int = 2, gpus: int = 2) -> dict:
     raw = prod_raw()
     node = raw["nodes"][0]
-    raw["nodes"] = [{**node, "name": f"gpu-{i}", "ssh": {"host": f"gpu-{i}"}, "gpu": {"product": "nvidia-a100", "count": gpus}}
+    # Each machine its own disks: one by-id name under two nodes is refused (one physical disk).
+    raw["nodes"] = [{**node, "name": f"gpu-{i}", "ssh": {"host": f"gpu-{i}"}, "gpu": {"product": "nvidia-a100", "count": gpus},
+                     "storage": {**node["storage"], "disks": ["/dev/sda", "/dev/sdb"]}}
                     for i in range(nodes)]
     raw["modelStorage"] = {"type": "nfs", "server": "nas", "path": "/models", "sizeGi": 500}
     base = raw["models"][0]

@@ -3,8 +3,10 @@
     python -m tools.diff BASE [STACK]      # make diff BASE=origin/main STACK=prod
 
 Renders STACK at the git ref BASE (in a temporary worktree) and in the working tree, then
-prints a summary — Kubernetes objects and node steps added, changed and removed, and the node
-scripts `pulumi up` would run again, per node with the reason (the step's parameters, the shared
+prints a summary — Kubernetes objects and node steps added, changed, renamed (same body under a new
+name: one line, no diff) and removed, the models whose serving pods restart (with what that costs:
+one replica under the GPU-safe rollout is briefly down), and the node scripts `pulumi up` would run
+again, per node with the reason (the step's parameters, the shared
 helpers in lib.sh, its own script, its connection) — followed by unified diffs of the manifests and scripts.
 A stack file that does not exist at BASE (a new stack) counts as an empty stack: everything is
 added. Exit 0 when the renders are equal, 1 when they differ, 2 on error; the last line, on
@@ -64,9 +66,11 @@ class Change:
     added: list[str] = field(default_factory=list)
     changed: list[str] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
+    renamed: list[tuple[str, str]] = field(default_factory=list)
+    """(old key, new key) of objects whose body is the same apart from their name."""
 
     def __bool__(self) -> bool:
-        return bool(self.added or self.changed or self.removed)
+        return bool(self.added or self.changed or self.removed or self.renamed)
 
 
 def compare(old: dict[str, Any], new: dict[str, Any]) -> Change:
@@ -75,6 +79,98 @@ def compare(old: dict[str, Any], new: dict[str, Any]) -> Change:
         changed=sorted(k for k in set(old) & set(new) if old[k] != new[k]),
         removed=sorted(set(old) - set(new)),
     )
+
+
+def compare_objects(old: dict[str, dict[str, Any]], new: dict[str, dict[str, Any]]) -> Change:
+    """`compare`, with a removed and an added object of one kind and namespace whose bodies are equal
+    once the name is swapped (the name may recur inside, e.g. a Job's marker file) paired as a rename.
+    Names that carry a hash of what they run (the smoke and download Jobs) change with any model change."""
+    change = compare(old, new)
+    for gone in list(change.removed):
+        body = _dump(old[gone])
+        for came in change.added:
+            if _scope(gone) == _scope(came) and body.replace(_name(gone), _name(came)) == _dump(new[came]):
+                change.renamed.append((gone, came))
+                change.removed.remove(gone)
+                change.added.remove(came)
+                break
+    return change
+
+
+def _scope(key: str) -> str:
+    return key.rsplit("/", 1)[0]
+
+
+def _name(key: str) -> str:
+    return key.rsplit("/", 1)[1]
+
+
+def _dump(obj: dict[str, Any]) -> str:
+    return yaml.dump(obj, Dumper=ManifestDumper, sort_keys=True)
+
+
+# Labels the serving Deployments carry (components/serving/names.py).
+SERVER_COMPONENT = "inference-server"
+INSTANCE = "app.kubernetes.io/instance"
+
+
+@dataclass(frozen=True)
+class Restart:
+    """A model whose serving pods a release replaces."""
+
+    model: str
+    replicas: int
+    how: str
+    down: bool
+    """Whether no pod serves for a while (one replica, or Recreate)."""
+
+
+def restarts(old: Snapshot, new: Snapshot) -> list[Restart]:
+    """Models whose serving pods `pulumi up` replaces: their Deployment's pod template changed
+    (any change there rolls the pods), or the Deployment itself is replaced."""
+    found = []
+    for key, after in sorted(new.objects.items()):
+        before = old.objects.get(key)
+        if before is None or not _is_server(after) or _template(before) == _template(after):
+            continue
+        model = (after.get("metadata") or {}).get("labels", {}).get(INSTANCE) or _name(key)
+        replicas = _fewest_replicas(new, after)
+        how, down = _rollout(after, replicas)
+        found.append(Restart(model, replicas, how, down))
+    return found
+
+
+def _template(obj: dict[str, Any]) -> Any:
+    return (obj.get("spec") or {}).get("template")
+
+
+def _is_server(obj: dict[str, Any]) -> bool:
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    return obj.get("kind") in ("Deployment", "StatefulSet") and labels.get("app.kubernetes.io/component") == SERVER_COMPONENT
+
+
+def _fewest_replicas(snapshot: Snapshot, deployment: dict[str, Any]) -> int:
+    """The replicas serving at the quietest time: an autoscaler's minimum, else spec.replicas (default 1)."""
+    name = (deployment.get("metadata") or {}).get("name")
+    for obj in snapshot.objects.values():
+        spec = obj.get("spec") or {}
+        if obj.get("kind") in ("ScaledObject", "HorizontalPodAutoscaler") and (spec.get("scaleTargetRef") or {}).get("name") == name:
+            return int(spec.get("minReplicaCount", spec.get("minReplicas", 1)))
+    return int((deployment.get("spec") or {}).get("replicas", 1))
+
+
+def _rollout(deployment: dict[str, Any], replicas: int) -> tuple[str, bool]:
+    """What replacing the pods costs, and whether the model is down meanwhile."""
+    strategy = (deployment.get("spec") or {}).get("strategy") or {}
+    surge = (strategy.get("rollingUpdate") or {}).get("maxSurge")
+    if strategy.get("type") == "Recreate":
+        return "Recreate stops every pod first: the model is down until a new pod has loaded its weights", True
+    if surge in (0, "0", "0%"):
+        if replicas <= 1:
+            return ("1 replica, and the GPU-safe rollout (maxSurge 0) stops it before its replacement starts: "
+                    "the model is briefly down, until the new pod has loaded its weights"), True
+        return f"{replicas} replicas at the least, replaced one at a time (maxSurge 0): one pod's capacity is missing meanwhile", False
+    return "a surge rollout: no downtime if a spare GPU is free for the new pod, else it stays Pending", False
 
 
 def node_steps(snapshot: Snapshot) -> dict[str, dict[str, Any]]:
@@ -176,7 +272,7 @@ COUNTED = ("Kubernetes objects", "node steps", "other resources")
 
 
 def report(old: Snapshot, new: Snapshot, base: str, stack: str, note: str = "") -> tuple[str, bool]:
-    objects = compare(old.objects, new.objects)
+    objects = compare_objects(old.objects, new.objects)
     steps = compare(node_steps(old), node_steps(new))
     others = compare(
         {u: r for u, r in old.resources.items() if not r["type"].startswith("kubernetes:") and r["type"] != COMMAND},
@@ -187,18 +283,22 @@ def report(old: Snapshot, new: Snapshot, base: str, stack: str, note: str = "") 
     lines = [f"## `{stack}`: working tree against `{base}`", "", *([note, ""] if note else [])]
     if not differs:
         return "\n".join([*lines, "No change: `pulumi up` would do nothing.", ""]), False
-    lines += ["| | added | changed | removed |", "|---|---|---|---|"]
+    lines += ["| | added | changed | renamed | removed |", "|---|---|---|---|---|"]
     for title, change in zip(COUNTED, (objects, steps, others), strict=True):
-        lines.append(f"| {title} | {len(change.added)} | {len(change.changed)} | {len(change.removed)} |")
+        lines.append(f"| {title} | {len(change.added)} | {len(change.changed)} | {len(change.renamed)} | {len(change.removed)} |")
     lines.append("")
     for title, change in (("Kubernetes objects", objects), ("node steps", steps), ("other resources", others)):
         for verb, items in (("added", change.added), ("changed", change.changed), ("removed", change.removed)):
             lines += [f"- {title} {verb}: `{item}`" for item in items]
-    lines += ["", "Node scripts `pulumi up` would run again: " + (", ".join(f"`{s}`" for s in rerun) or "none"), ""]
+        lines += [f"- {title} renamed: `{gone}` → `{_name(came)}` (same body)" for gone, came in change.renamed]
+    lines += ["", *restart_lines(restarts(old, new))]
+    lines += ["Node scripts `pulumi up` would run again: " + (", ".join(f"`{s}`" for s in rerun) or "none"), ""]
     lines += rerun_table(old, new)
+    # A rename with the same body is its one line above, not a page of `-` and `+`.
+    gone, came = {g for g, _ in objects.renamed}, {c for _, c in objects.renamed}
     manifests = unified(
-        {k: yaml.dump(v, Dumper=ManifestDumper, sort_keys=True) for k, v in old.objects.items()},
-        {k: yaml.dump(v, Dumper=ManifestDumper, sort_keys=True) for k, v in new.objects.items()},
+        {k: _dump(v) for k, v in old.objects.items() if k not in gone},
+        {k: _dump(v) for k, v in new.objects.items() if k not in came},
         "manifests/",
     )
     scripts = unified(old.scripts, new.scripts, "")
@@ -206,6 +306,15 @@ def report(old: Snapshot, new: Snapshot, base: str, stack: str, note: str = "") 
         if text:
             lines += [f"### {title}", "", "```diff", text.rstrip("\n"), "```", ""]
     return "\n".join(lines), True
+
+
+def restart_lines(found: list[Restart]) -> list[str]:
+    """The models whose serving pods a release replaces, each with what that costs (markdown)."""
+    if not found:
+        return ["Serving pods restarted: none", ""]
+    return ["Serving pods restarted (their pod template changes): " + ", ".join(f"`{r.model}`" + (" (briefly down)" if r.down else "")
+                                                                         for r in found),
+            *[f"- `{r.model}`: {r.how}" for r in found], ""]
 
 
 def render_at(source: Path, stack: str, out: Path) -> None:
@@ -223,11 +332,14 @@ def summary(text: str, differs: bool, base: str, stack: str) -> str:
     parts = []
     for row in text.splitlines():
         cells = [cell.strip() for cell in row.strip("|").split("|")]
-        if not row.startswith("| ") or len(cells) != 4 or cells[0] not in COUNTED:
+        if not row.startswith("| ") or len(cells) != 5 or cells[0] not in COUNTED:
             continue  # another table (the per-node re-runs) or not a table row
-        title, added, changed, removed = cells
-        if (added, changed, removed) != ("0", "0", "0"):
-            parts.append(f"{title} +{added} ~{changed} -{removed}")
+        title, added, changed, renamed, removed = cells
+        if (added, changed, renamed, removed) != ("0", "0", "0", "0"):
+            parts.append(f"{title} +{added} ~{changed} -{removed}" + (f" ({renamed} renamed)" if renamed != "0" else ""))
+    restarted = next((line for line in text.splitlines() if line.startswith("Serving pods restarted (")), "")
+    if restarted:
+        parts.append(f"restarts the serving pods of {restarted.split(': ', 1)[1].replace('`', '')}")
     return f"diff {stack}: differs from {base} ({'; '.join(parts) or 'node scripts'}); the report is above"
 
 

@@ -224,7 +224,9 @@ def _config_section(path: Path) -> dict[str, Any]:
 
 def _read_yaml_mapping(path: Path) -> dict[Any, Any]:
     try:
-        document = yaml.safe_load(path.read_bytes().decode("utf-8"))
+        text = path.read_bytes().decode("utf-8")
+        _refuse_duplicate_keys(path.name, yaml.compose(text, Loader=yaml.SafeLoader))
+        document = yaml.safe_load(text)
     except OSError as exc:
         raise RenderError(f"{path.name}: cannot read it: {exc.strerror}") from None
     except UnicodeDecodeError:
@@ -236,6 +238,26 @@ def _read_yaml_mapping(path: Path) -> dict[Any, Any]:
     if not isinstance(document, dict):
         raise RenderError(f"{path.name}: the document is {_kind(document)}; it must be a mapping such as `config: {{...}}`")
     return document
+
+
+def _refuse_duplicate_keys(name: str, node: yaml.Node | None, path: str = "") -> None:
+    """The Pulumi CLI refuses a stack file with a key given twice in one mapping (YAML 1.2 forbids
+    it); PyYAML silently keeps the last one, so the render would show a config `pulumi up` never runs."""
+    if isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _refuse_duplicate_keys(name, item, f"{path}[{i}]")
+    if not isinstance(node, yaml.MappingNode):
+        return
+    first: dict[Any, int] = {}
+    for key_node, value_node in node.value:
+        key = key_node.value if isinstance(key_node, yaml.ScalarNode) else id(key_node)
+        where = f"{path}.{key}" if path else str(key)
+        if key in first:
+            raise RenderError(f"{name} line {key_node.start_mark.line + 1}: {where} is given twice (first on line "
+                              f"{first[key]}); the Pulumi CLI refuses a duplicate key: keep one of them")
+        first[key] = key_node.start_mark.line + 1
+        # The CLI hands the program `namespace:key` values; their paths read as the config errors do.
+        _refuse_duplicate_keys(name, value_node, "" if where == "config" else where)
 
 
 def _kind(value: Any) -> str:

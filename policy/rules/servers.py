@@ -150,10 +150,11 @@ def check_vllm_server_flags(resource: Resource, _cfg: Mapping) -> Iterator[str]:
         if not k8s.is_vllm_server(c):
             continue
         name, tokens = container_name(c), k8s.argv(c)
-        key = k8s.flag_value(tokens, "--api-key")
-        if key is not None and not re.fullmatch(r"\$\(\w+\)|\$\{?\w+\}?", key):
-            yield (f"container '{name}' passes --api-key literally: the key is in the manifest, in git and in "
-                   f"`kubectl get -o yaml`. Set env VLLM_API_KEY from a secretKeyRef instead.")
+        for flag, env in (("--api-key", "VLLM_API_KEY"), ("--hf-token", "HF_TOKEN")):
+            key = k8s.flag_value(tokens, flag)
+            if key is not None and not re.fullmatch(r"\$\(\w+\)|\$\{?\w+\}?", key):
+                yield (f"container '{name}' passes {flag} literally: the key is in the manifest, in git and in "
+                       f"`kubectl get -o yaml`. Set env {env} from a secretKeyRef instead.")
         if "--disable-log-stats" in tokens:
             yield (f"container '{name}' runs with --disable-log-stats: vLLM then exports no "
                    f"vllm:num_requests_waiting, so autoscaling and the alerts read nothing. Remove the flag.")
@@ -189,7 +190,7 @@ RULES = [
     Rule("vllm-server-gpu", "A vLLM server container has an nvidia.com/gpu limit.",
          MANDATORY, check_vllm_server_gpu, k8s.WORKLOADS),
     Rule("vllm-server-flags",
-         "A vLLM server has no literal --api-key, no --disable-log-stats, no hand-set CUDA/NVIDIA_VISIBLE_DEVICES, "
+         "A vLLM server has no literal --api-key or --hf-token, no --disable-log-stats, no hand-set CUDA/NVIDIA_VISIBLE_DEVICES, "
          "and a --gpu-memory-utilization in (0, 1].",
          MANDATORY, check_vllm_server_flags, k8s.WORKLOADS),
 ]

@@ -7,7 +7,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from . import k8s
-from .core import ADVISORY, MANDATORY, Resource, Rule
+from .core import MANDATORY, Resource, Rule
 from .k8s import GPU, as_list, as_map, container_name, dig, to_int
 
 
@@ -244,19 +244,34 @@ def check_gpu_rollout(resource: Resource, _cfg: Mapping) -> Iterator[str]:
 
 # --- images -------------------------------------------------------------------------------------------
 
+# A release version: at least major.minor.patch, an optional pre-release or build suffix (v0.11.0,
+# 8.11.1, v0.17.0-ubi9, v0.10.1.1, v0.11.0rc1). Anything else (latest, nightly, main, v0, 0.11,
+# a branch or commit name) is re-pointed by its publisher, so two pulls of it can differ.
+RELEASE_TAG = re.compile(r"^v?[0-9]+(\.[0-9]+){2,3}([-.+]?[A-Za-z0-9][A-Za-z0-9._-]*)?$")
+MOVING_WORDS = re.compile(r"(^|[-._])(latest|nightly|dev|develop|edge|main|master|stable|head|canary|snapshot|unstable|"
+                          r"rolling|current|next|trunk)([-._]|$)", re.IGNORECASE)
+
+
 def image_problem(image: str) -> str | None:
+    """Why the image can change under the same name (None: pinned by a digest or a release version).
+
+    The stack config (`stacks/config/base.py`) refuses images by this same function."""
     if "@" in image:  # a digest pins the exact bytes, whatever the tag says
         return None
     last = image.rsplit("/", 1)[-1]
     if ":" not in last:
         return "has no tag (means :latest)"
-    if last.rsplit(":", 1)[1] == "latest":
+    tag = last.rsplit(":", 1)[1]
+    if tag == "latest":
         return "uses :latest"
+    if not RELEASE_TAG.match(tag) or MOVING_WORDS.search(tag):
+        return f"has tag {tag!r}, which is not a release version (its publisher moves it to new builds)"
     return None
 
 
 def _unpinned(resource: Resource, vllm: bool) -> Iterator[str]:
-    spec = k8s.pod_template(resource)
+    # DaemonSets too: the device plugin runs on every GPU node.
+    spec = as_map(dig(resource.view, "spec", "template", "spec")) if resource.type == k8s.DAEMONSET else k8s.pod_template(resource)
     for c in k8s.containers(spec or {}, init=True):
         if k8s.is_vllm(c) != vllm:
             continue
@@ -309,8 +324,8 @@ RULES = [
     Rule("gpu-rollout-without-spare-gpu",
          "GPU Deployments roll out with Recreate or maxSurge 0, so no spare GPU is needed.",
          MANDATORY, check_gpu_rollout, frozenset({k8s.DEPLOYMENT})),
-    Rule("vllm-image-pinned", "vLLM images carry a version tag or digest, never :latest or no tag (the config refuses it too).",
-         MANDATORY, check_vllm_image_pinned, k8s.WORKLOADS),
-    Rule("image-pinned", "Other container images carry a version tag or digest, never :latest or no tag.",
-         ADVISORY, check_image_pinned, k8s.WORKLOADS),
+    Rule("vllm-image-pinned", "vLLM images carry a release version tag or a digest, never a moving tag (the config refuses it too).",
+         MANDATORY, check_vllm_image_pinned, k8s.WORKLOADS | {k8s.DAEMONSET}),
+    Rule("image-pinned", "Other container images (the device plugin's too) carry a release version tag or a digest, never a moving tag.",
+         MANDATORY, check_image_pinned, k8s.WORKLOADS | {k8s.DAEMONSET}),
 ]

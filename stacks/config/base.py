@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, StringConstraints
+from pydantic import AfterValidator, BaseModel, ConfigDict, StringConstraints
 from pydantic.alias_generators import to_camel
+
+# One judgement of image tags for the config and the policy pack (which runs on its own, so it owns it).
+from policy.rules.workloads import image_problem
+from stacks.config.secrets import looks_like_secret_value
 
 PROJECT = "gpu-serving"
 
@@ -34,10 +39,15 @@ PATTERN_HELP = {
     CIDR: "a network in CIDR notation, e.g. 10.0.0.0/8",
 }
 
+IPV4 = re.compile(r"^[0-9]{1,3}(\.[0-9]{1,3}){3}$")
+LOOPBACK = re.compile(r"^(localhost|localhost\.localdomain|127(\.[0-9]{1,3}){3}|\[::1\]|0\.0\.0\.0)$", re.IGNORECASE)
+
+# Container images: a tag or a digest is required (the form); `image_problem` says which tags still move.
+IMAGE = r"^[a-z0-9][a-z0-9._/:-]*[a-z0-9](:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}|@sha256:[0-9a-f]{64})$"
+
 K8sName = Annotated[str, StringConstraints(pattern=DNS_LABEL, max_length=63)]
 NodeName = Annotated[str, StringConstraints(pattern=DNS_SUBDOMAIN, max_length=253)]
 LabelValue = Annotated[str, StringConstraints(pattern=LABEL_VALUE, max_length=63)]
-SecretKeyName = Annotated[str, StringConstraints(pattern=CONFIG_KEY)]
 SafePath = Annotated[str, StringConstraints(pattern=SAFE_PATH, max_length=255)]
 # A container image by tag, by digest, or both (`repo:tag@sha256:…`: the digest decides what runs).
 ImageRef = Annotated[
@@ -46,6 +56,59 @@ ImageRef = Annotated[
 ]
 # A Hugging Face commit: the one revision that never moves.
 COMMIT_SHA = r"^[0-9a-f]{40}$"
+
+
+def _pinned(image: str) -> str:
+    if "://" in image:
+        # Kubernetes takes a bare reference: the kubelet refuses a scheme as an invalid image name.
+        raise ValueError(f"an image reference has no scheme; write {image.split('://', 1)[1]}")
+    problem = image_problem(image)
+    if problem:
+        repo = image.rsplit(":", 1)[0] if ":" in image.rsplit("/", 1)[-1] else image
+        raise ValueError(f"not pinned: {problem}; pin a release such as {repo}:v1.2.3, or a digest ({repo}@sha256:<64 hex digits>)")
+    return image
+
+
+ImageRef = Annotated[str, StringConstraints(pattern=IMAGE), AfterValidator(_pinned)]
+
+
+class UnechoedError(ValueError):
+    """A refused value the error line must not repeat (it may be a credential)."""
+
+
+def _key_name_not_value(name: str) -> str:
+    if looks_like_secret_value(name):
+        raise UnechoedError("this looks like the secret's value, not the name of a secret config key; store the value with "
+                         "`pulumi config set --secret <name>` (e.g. hfToken) and write that name here")
+    return name
+
+
+SecretKeyName = Annotated[str, StringConstraints(pattern=CONFIG_KEY), AfterValidator(_key_name_not_value)]
+
+
+def refuse_port(host: str, fix: str) -> str:
+    """A host given as host:port, where the port has a key of its own or none at all."""
+    # One colon followed by digits is host:port (an IPv6 address has several colons).
+    name, sep, port = host.rpartition(":")
+    if sep and port.isdigit() and ":" not in name:
+        raise ValueError(f"{host!r} includes a port; {fix.format(name=name, port=port)}")
+    return host
+
+
+def url_host(url: str) -> str:
+    """The host of an http(s) URL as written (brackets kept for IPv6), without port."""
+    authority = url.split("://", 1)[-1].split("/", 1)[0]
+    if authority.startswith("["):
+        return authority[: authority.find("]") + 1]
+    return authority.split(":", 1)[0]
+
+
+def refuse_loopback(url: str, who: str) -> None:
+    """A URL the stack hands to a client in another pod must not point at loopback: it would reach that pod itself."""
+    host = url_host(url)
+    if LOOPBACK.match(host):
+        raise ValueError(f"points at {host}, but {who}: loopback there is that pod itself; "
+                         "give the Service's cluster DNS name, e.g. http://<service>.<namespace>.svc:<port>")
 
 
 class ConfigError(Exception):

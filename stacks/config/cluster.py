@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, StringConstraints, model_validator
+from pydantic import Field, StringConstraints, field_validator, model_validator
 
-from stacks.config.base import ImageRef, K8sName, LabelValue, SecretKeyName, _at, _Model
+from stacks.config.base import ImageRef, K8sName, LabelValue, SecretKeyName, _at, _Model, refuse_loopback
 
 # The project's own node label keys: GPU Feature Discovery owns `nvidia.com/gpu.*` and rewrites them
 # (`nvidia.com/gpu.product=NVIDIA-A100-SXM4-80GB`), so labels the stack force-set there would flap.
 GPU_PRODUCT_LABEL = "gpu-serving/gpu.product"
 GPU_COUNT_LABEL = "gpu-serving/gpu.count"
 GFD_PRODUCT_LABEL = "nvidia.com/gpu.product"
+# Folders `make render` and `make clean` replace or remove (tools/render.py, Makefile).
+WIPED_FOLDERS = ("rendered", "bench-out")
+PROJECT_DIR = Path(__file__).resolve().parents[2]
 LABEL_KEY = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
 
 
@@ -45,8 +50,8 @@ class GpuTaint(_Model):
 class DevicePlugin(_Model):
     enabled: bool = False
     """Deploy the device plugin from this stack."""
-    image: str = "nvcr.io/nvidia/k8s-device-plugin:v0.17.0"
-    """Pinned device plugin image."""
+    image: ImageRef = "nvcr.io/nvidia/k8s-device-plugin:v0.17.0"
+    """Device plugin image with a release version tag or a digest."""
     namespace: K8sName = "kube-system"
     """Namespace of the DaemonSet."""
 
@@ -179,6 +184,18 @@ class Cluster(_Model):
     prometheus_url: str = Field("http://prometheus-operated.monitoring.svc:9090", pattern=r"^https?://[A-Za-z0-9.:_\[\]-]+(/[A-Za-z0-9._~/-]*)?$")
     """Prometheus that KEDA queries for the vLLM queue length (autoscaling `keda`)."""
 
+    @field_validator("prometheus_url")
+    @classmethod
+    def _base_url(cls, url: str) -> str:
+        refuse_loopback(url, "KEDA's operator queries it from its own pod")
+        path = url.split("://", 1)[1].partition("/")[2]
+        if "api" in path.split("/"):
+            # KEDA's Prometheus scaler appends /api/v1/query to serverAddress itself.
+            base = url[: url.index("/api")]
+            raise ValueError(f"already holds the API path, which KEDA appends itself (/api/v1/query); "
+                             f"give the server's base URL, e.g. {base}")
+        return url
+
     @model_validator(mode="after")
     def _own_labels(self) -> Cluster:
         if self.gpu_product_label.startswith("nvidia.com/"):
@@ -195,6 +212,22 @@ class Cluster(_Model):
         if self.edge == "gateway" and self.gateway is None:
             raise _at("cluster.gateway", "required with `edge: gateway` (name and namespace of the Gateway the routes attach to)")
         return self
+
+    @field_validator("render_yaml_to")
+    @classmethod
+    def _outside_wiped_folders(cls, folder: str | None) -> str | None:
+        if folder is None:
+            return None
+        path = Path(folder) if Path(folder).is_absolute() else PROJECT_DIR / folder
+        inside = os.path.relpath(os.path.normpath(path), PROJECT_DIR)
+        top = inside.split(os.sep, 1)[0]
+        if top in WIPED_FOLDERS:
+            # `make render` replaces rendered/<stack>/ and `make clean` removes both folders:
+            # the GitOps copy would vanish between two commits.
+            also = " and `make render` replaces" if top == "rendered" else ""
+            raise ValueError(f"lies inside {top}/, which `make clean` removes{also}: the YAML would vanish; "
+                             "choose a folder outside it, e.g. gitops/")
+        return folder
 
     @model_validator(mode="after")
     def _one_target(self) -> Cluster:

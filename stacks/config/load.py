@@ -11,7 +11,7 @@ from typing import Annotated, Any, Union, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
 
-from stacks.config.base import PATTERN_HELP, PROJECT, ConfigError, _KeyPathError
+from stacks.config.base import CONFIG_KEY, PATTERN_HELP, PROJECT, ConfigError, UnechoedError, _KeyPathError
 from stacks.config.cluster import LABEL_KEY
 from stacks.config.stack import StackConfig
 
@@ -98,6 +98,12 @@ def _describe(exc: ValidationError) -> str:
     if isinstance(ctx_error, _KeyPathError):
         return f"{ctx_error.path}: {ctx_error}"
     path = _key_path(error["loc"])
+    if isinstance(ctx_error, UnechoedError):
+        return f"{path}: {ctx_error!s}"
+    if ctx.get("pattern") == CONFIG_KEY:
+        # Never repeat it: a secret's value pasted here would land in the error line and the CI log.
+        return (f"{path}: must be {FORMATS[CONFIG_KEY]}, the name the value is stored under with "
+                "`pulumi config set --secret <name>` (the value given is not one, and is not repeated here)")
     if isinstance(ctx_error, ValueError) and getattr(ctx_error, "sub_path", None):
         path += ctx_error.sub_path
     given = error.get("input")
@@ -106,7 +112,7 @@ def _describe(exc: ValidationError) -> str:
         return f"{path}: required key is missing"
     if error["type"] == "string_pattern_mismatch":
         allowed = FORMATS.get(ctx.get("pattern", ""), "the documented format")
-        hint = _hint(given) if "`~`" not in allowed else ""
+        hint = _hint(given, ctx.get("pattern", "")) if "`~`" not in allowed else ""
         return f"{path}: must be {allowed} (got {_short(given)}{hint})"
     if error["type"] == "extra_forbidden":
         keys = _allowed_keys(error["loc"][:-1])
@@ -132,15 +138,32 @@ def _describe(exc: ValidationError) -> str:
     return f"{path}: {message} (got {_short(given)})"
 
 
-def _hint(value: Any) -> str:
-    """A guess at what the user meant, for the usual slips."""
+HOST_PATTERNS = (r"^(\*\.)?[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)+$", r"^[A-Za-z0-9.:_-]+$")
+HF_ID = r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$"
+REVISION = r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,99}$"
+
+
+def _hint(value: Any, pattern: str) -> str:
+    """A guess at what the user meant, for the usual slips (a URL pasted where a part of it belongs)."""
     if not isinstance(value, str):
         return ""
     if value.startswith("~"):
         return "; `~` is not expanded: write the full path"
     if "://" in value:
-        host = value.split("://", 1)[1].split("/", 1)[0].split(":", 1)[0]
-        return f"; give the host alone, e.g. {host}" if host else ""
+        rest = value.split("://", 1)[1]
+        host, _, path = rest.partition("/")
+        parts = [part for part in path.split("?", 1)[0].split("/") if part]
+        if pattern in HOST_PATTERNS:
+            host = host.rsplit("@", 1)[-1].split(":", 1)[0]
+            return f"; give the host alone, e.g. {host}" if host else ""
+        if pattern == HF_ID:
+            return f"; give the repository id alone, e.g. {parts[0]}/{parts[1]}" if len(parts) >= 2 else ""
+        if pattern == REVISION:
+            marker = next((i for i, part in enumerate(parts) if part in ("tree", "commit", "blob")), None)
+            if marker is not None and marker + 1 < len(parts):
+                return f"; give the revision alone, e.g. {parts[marker + 1]}"
+            return "; give the branch, tag or commit alone, e.g. main"
+        return ""
     size = re.fullmatch(r"([0-9]+)\s*([KMGT])i?B", value, re.IGNORECASE)
     if size:
         return f"; Kubernetes writes GiB as Gi, e.g. {size[1]}{size[2].upper()}i"

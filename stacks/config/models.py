@@ -7,7 +7,8 @@ from typing import Annotated, Literal
 
 from pydantic import Field, StringConstraints, field_validator, model_validator
 
-from stacks.config.base import CIDR, ImageRef, K8sName, LabelValue, SecretKeyName, _Model
+from stacks.config.base import CIDR, IPV4, ImageRef, K8sName, LabelValue, SecretKeyName, _Model, refuse_loopback
+from stacks.config.secrets import looks_like_secret_value
 
 
 class Ingress(_Model):
@@ -19,6 +20,33 @@ class Ingress(_Model):
     """Secret for the certificate; cert-manager fills it when the cluster has an issuer."""
     auth_url: str | None = Field(None, pattern=r"^https?://[A-Za-z0-9.:_\[\]-]+(/[A-Za-z0-9._~/%?=&-]*)?$")
     """ingress-nginx external auth (`auth-url`): every request is checked there first. A public model needs this or `apiKeySecret`."""
+
+    @field_validator("host")
+    @classmethod
+    def _dns_name(cls, host: str) -> str:
+        if IPV4.match(host):
+            raise ValueError("an IP address; Kubernetes accepts only a DNS name as an Ingress host "
+                             "(and a certificate names one): give the name that resolves to the edge, e.g. ai.example.com")
+        if len(host) > 253 or any(len(label) > 63 for label in host.split(".")):
+            raise ValueError("longer than DNS allows (253 characters, 63 per label)")
+        return host
+
+    @field_validator("path")
+    @classmethod
+    def _no_v1(cls, path: str) -> str:
+        trimmed = path.rstrip("/")
+        if trimmed.split("/")[-1] == "v1":
+            # The edge forwards `<path>/v1/...`: this path would serve `/v1/v1/...`.
+            raise ValueError(f"ends in /v1, which the edge appends itself (clients would need {trimmed}/v1/...); "
+                             f"write {trimmed[:-3] or '/'}")
+        return path
+
+    @field_validator("auth_url")
+    @classmethod
+    def _reachable_from_the_controller(cls, url: str | None) -> str | None:
+        if url is not None:
+            refuse_loopback(url, "the ingress-nginx controller calls it from its own pod")
+        return url
 
 
 class Replicas(_Model):
@@ -45,8 +73,6 @@ class Replicas(_Model):
         return self
 
 
-
-
 # Flags the bundle sets from typed config (or must not be changed behind its back). Aliases
 # included: vLLM's parser accepts `_` for `-` and short forms such as `-tp`.
 BUNDLE_FLAGS = {
@@ -57,6 +83,7 @@ BUNDLE_FLAGS = {
     "--data-parallel-size": "replicas", "-dp": "replicas",
     "--gpu-memory-utilization": "gpuMemoryUtilization", "--max-model-len": "maxModelLen",
     "--api-key": "apiKeySecret (a literal would land in the manifest)",
+    "--hf-token": "hfTokenSecret (a literal would land in the manifest)",
     "--disable-log-stats": "nothing: it removes the queue metric autoscaling and monitoring read",
     "--shutdown-timeout": "the bundle (the drain time, from the stream timeout)",
 }
@@ -89,6 +116,9 @@ def flag_name(arg: str) -> str | None:
     return name
 
 
+SECRET_FLAGS = ("--api-key", "--hf-token")
+# A credential inside an argument (`--header=Authorization: Bearer sk-…`), not only as the whole value.
+SECRET_VALUE_START = re.compile(r"(^|[\s=:])(hf_|sk-|ghp_|github_pat_|glpat-)[A-Za-z0-9_-]{12,}")
 SHORT_FLAGS = tuple(sorted((f for f in BUNDLE_FLAGS if not f.startswith("--")), key=len, reverse=True))
 
 
@@ -107,6 +137,10 @@ def check_extra_args(args: list[str]) -> None:
     short aliases (`-tp 2`, `-tp=2`, `-tp2`).
     """
     for i, arg in enumerate(args):
+        if looks_like_secret_value(arg.split("=", 1)[-1].strip(), hex_too=False) or SECRET_VALUE_START.search(arg):
+            # Not repeated: it may be the credential itself.
+            raise FlagError(i, "holds what looks like a credential, and extraArgs land in the manifest and the pod spec: "
+                               "the bundle passes the HF token from hfTokenSecret and the API key from apiKeySecret")
         if flag_name(arg) is None:
             continue
         # `--a --b=2` or `--flag 2` in one element: every word before the first `=` may be a flag.
@@ -114,7 +148,8 @@ def check_extra_args(args: list[str]) -> None:
         for word in words:
             flag = flag_name(word)
             if flag in BUNDLE_FLAGS:
-                raise FlagError(i, f"{arg!r}: {flag} is set by the bundle from {BUNDLE_FLAGS[flag]}; change that key instead")
+                shown = flag if flag in SECRET_FLAGS else repr(arg)  # never repeat a secret's value
+                raise FlagError(i, f"{shown}: {flag} is set by the bundle from {BUNDLE_FLAGS[flag]}; change that key instead")
         if len(words) > 1:
             # The container gets each element as one argv entry: argparse takes `--flag 2` for a positional.
             fix = f"write {flag_name(words[0])}={words[1]} or two elements" if len(words) == 2 and flag_name(words[1]) is None \
@@ -130,7 +165,7 @@ class Model(_Model):
     revision: str = Field("main", pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,99}$")
     """Commit (40 hex) of the repository; a branch or tag only where `cluster.requireCommitRevisions` is false (a lab)."""
     image: ImageRef = "vllm/vllm-openai:v0.11.0"
-    """vLLM image with a pinned tag, a digest, or both (`repo:tag@sha256:…`); `latest` is refused."""
+    """vLLM image with a release version tag or a digest (a moving tag such as `latest` or `nightly` is refused)."""
     gpu_product: LabelValue
     """`nodes[].gpu.product` of the nodes this model runs on."""
     gfd_product: LabelValue | None = None
@@ -167,13 +202,6 @@ class Model(_Model):
     smoke_test: bool = True
     """After each rollout, a Job asks the model for one token; `pulumi up` fails when inference does not answer."""
 
-    @field_validator("image")
-    @classmethod
-    def _pinned(cls, image: str) -> str:
-        if image.endswith(":latest"):
-            raise ValueError(f"{image!r} is not pinned; use a version tag such as vllm/vllm-openai:v0.11.0")
-        return image
-
     @model_validator(mode="after")
     def _non_root_image(self) -> Model:
         if self.security_profile != "nonRoot":
@@ -203,7 +231,10 @@ class Model(_Model):
     @field_validator("env")
     @classmethod
     def _no_literal_secrets(cls, env: dict[str, str]) -> dict[str, str]:
-        for name in env:
+        for name, value in env.items():
+            if looks_like_secret_value(value, hex_too=False) or SECRET_VALUE_START.search(value):
+                raise ValueError(f"{name}: its value looks like a credential, and literal env values land in the manifest; "
+                                 "store it with `pulumi config set --secret` (the bundle passes hfTokenSecret and apiKeySecret)")
             if SECRET_LIKE.search(name):
                 raise ValueError(f"{name} looks like a secret; literal env values land in the manifest, use *Secret keys")
             if name in BUNDLE_ENV:

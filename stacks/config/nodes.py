@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from stacks.config.base import RAID_NAME, LabelValue, NodeName, SafePath, SecretKeyName, _Model
+from stacks.config.base import RAID_NAME, LabelValue, NodeName, SafePath, SecretKeyName, _Model, refuse_port
 
 
 class Ssh(_Model):
@@ -17,7 +17,7 @@ class Ssh(_Model):
     port: int = Field(22, ge=1, le=65535)
     """sshd port."""
     user: str = Field("root", pattern=r"^[a-z_][a-z0-9_-]{0,31}$")
-    """Login user; the steps need root (bash as login shell)."""
+    """Login user: root (bash as login shell). The steps partition, mirror, mount and write /etc without sudo."""
     private_key_secret: SecretKeyName = "sshPrivateKey"
     """Secret config key holding the SSH private key (PEM/OpenSSH text)."""
     host_key_secret: SecretKeyName | None = None
@@ -26,11 +26,17 @@ class Ssh(_Model):
     @field_validator("host")
     @classmethod
     def _no_port_in_host(cls, host: str) -> str:
-        # One colon followed by digits is host:port (an IPv6 address has several colons).
-        name, sep, port = host.rpartition(":")
-        if sep and port.isdigit() and ":" not in name:
-            raise ValueError(f"{host!r} includes a port; set the host to {name!r} and the port in `port` (ssh.port: {port})")
-        return host
+        return refuse_port(host, "set the host to {name!r} and the port in `port` (ssh.port: {port})")
+
+    @field_validator("user")
+    @classmethod
+    def _root(cls, user: str) -> str:
+        if user != "root":
+            # Every step runs parted, mdadm, mkfs, mount and writes /etc and the runtime config
+            # directly; as another user each fails half-way with "permission denied".
+            raise ValueError("the node steps run as root (parted, mdadm, mkfs.xfs, mount, /etc) and do not use sudo; "
+                             "log in as root: put the key in /root/.ssh/authorized_keys and write user: root")
+        return user
 
 
 class Gpu(_Model):
@@ -107,6 +113,32 @@ def size_gb_for(part_bytes: int) -> int:
     while partition_bytes(size_gb) < part_bytes:
         size_gb += 1
     return size_gb
+
+
+def disk_identity(disk: str) -> tuple[str, str] | None:
+    """What physically identifies a `/dev/disk/by-id/` name: its WWN, EUI or serial (None for kernel
+    and by-path names, which only mean something on one machine).
+
+    `wwn-0x5000c500a1b2c3d4` and `scsi-35000c500a1b2c3d4` are one WWN; `ata-ST4000NM0035_ZC1ABCDE` and
+    `scsi-SATA_ST4000NM0035_ZC1ABCDE` one serial.
+    """
+    prefix = "/dev/disk/by-id/"
+    if not disk.startswith(prefix):
+        return None
+    name = disk[len(prefix):]
+    bus, _, rest = name.partition("-")
+    if bus == "wwn":
+        return ("WWN", rest.lower().removeprefix("0x"))
+    if bus == "scsi" and rest[:1] in "235" and re.fullmatch(r"[0-9a-fA-F]{16,32}", rest[1:]):
+        return ("WWN", rest[1:].lower())  # SCSI VPD page 0x83 designator: the WWN
+    if bus == "nvme" and rest.startswith("eui."):
+        return ("EUI", rest[4:].lower())
+    parts = rest.split("_")
+    if bus == "virtio" or (bus in ("ata", "nvme", "scsi", "usb") and len(parts) > 1):
+        # <model>_<serial>, NVMe sometimes with a namespace suffix (_1).
+        serial = parts[-2] if len(parts) > 2 and parts[-1].isdigit() and len(parts[-1]) <= 2 else parts[-1]
+        return ("serial", serial)
+    return ("name", name)
 
 
 # Clearly a partition: sda1, vdb2, xvdc3, nvme0n1p1, mmcblk0p1, or a by-id/by-path name ending -partN.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from pydantic import Field, model_validator
@@ -12,7 +12,8 @@ from pydantic import Field, model_validator
 from stacks.config.base import COMMIT_SHA, ConfigError, SecretKeyName, _at, _Model, _unique
 from stacks.config.cluster import Cluster
 from stacks.config.models import Model
-from stacks.config.nodes import Node, size_gb_for
+from stacks.config.nodes import Node, disk_identity, size_gb_for
+from stacks.config.secrets import value_problem
 from stacks.config.storage import ModelStorage, usable_gib
 from stacks.placement import stranded_pod
 
@@ -33,7 +34,9 @@ class StackConfig(_Model):
     def _cross_checks(self) -> StackConfig:
         _unique(self.nodes, "name", "nodes")
         _unique(self.models, "name", "models")
+        self._check_secret_roles()
         self._check_same_host_collisions()
+        self._check_one_disk_one_node()
         self._check_storage_node()
         self._check_models()
         self._check_runtimes()
@@ -76,6 +79,61 @@ class StackConfig(_Model):
                 if other != i:
                     where = f"{node.ssh.host} port {node.ssh.port}"
                     raise _at(f"nodes[{i}].storage.{key}", f"{value!r} is already used by nodes[{other}] on the same machine ({where})")
+
+    def _check_one_disk_one_node(self) -> None:
+        # A by-id name (WWN, EUI, model_serial) names one physical disk wherever it is seen: listed
+        # under two machines it is a shared LUN both would partition and mirror, and two names of one
+        # serial on one machine are two paths to a single disk (a "mirror" of it protects nothing).
+        seen: dict[tuple[str, str], tuple[int, int, str]] = {}
+        for i, node in enumerate(self.nodes):
+            if node.storage is None or not node.prepares_disks:
+                continue
+            for j, disk in enumerate(node.storage.disks):
+                identity = disk_identity(disk)
+                if identity is None:
+                    continue
+                other = seen.setdefault(identity, (i, j, disk))
+                if other[:2] == (i, j):
+                    continue
+                first = self.nodes[other[0]]
+                if other[0] != i and (first.ssh.host.lower(), first.ssh.port) == (node.ssh.host.lower(), node.ssh.port) \
+                        and other[2] == disk:
+                    continue  # two entries of one machine: _check_same_host_collisions says it
+                kind, value = identity
+                where = f"nodes[{other[0]}].storage.disks[{other[1]}]"
+                if other[0] == i:
+                    raise _at(f"nodes[{i}].storage.disks[{j}]",
+                              f"{disk} and {other[2]} are one physical disk ({kind} {value}: two paths to one device); "
+                              "a mirror needs two disks: list two different ones (`ls -l /dev/disk/by-id/` on the node)")
+                raise _at(f"nodes[{i}].storage.disks[{j}]",
+                          f"{disk} is the same physical disk ({kind} {value}) as {where} on {first.name}; two nodes "
+                          f"would partition and mirror it and destroy each other's data: list {node.name}'s own disks "
+                          "(`ls -l /dev/disk/by-id/` on it)")
+
+    def _check_secret_roles(self) -> None:
+        first: dict[str, tuple[str, str, str]] = {}
+        for key, role, path, what in self.secret_roles():
+            role0, path0, what0 = first.setdefault(key, (role, path, what))
+            if role0 != role:
+                raise _at(path, f"{key!r} is already {path0} ({what0}); one secret config key holds one credential, "
+                                f"so one of the two readers gets the wrong one: give {path} a key of its own")
+
+    def secret_roles(self) -> list[tuple[str, str, str, str]]:
+        """(secret config key, role, key path, what it holds) for every secret the stack reads."""
+        roles = [(self.hf_token_secret, "hf", "hfTokenSecret", "the Hugging Face token")] \
+            if self.models and self.writes_secrets else []
+        if self.cluster.kubeconfig and self.cluster.kubeconfig.secret:
+            roles.append((self.cluster.kubeconfig.secret, "kubeconfig", "cluster.kubeconfig.secret", "the kubeconfig"))
+        for i, node in enumerate(self.nodes):
+            ssh = node.ssh
+            roles.append((ssh.private_key_secret, "ssh-private", f"nodes[{i}].ssh.privateKeySecret", "an SSH private key"))
+            if ssh.host_key_secret:
+                # Each machine has its own host key; two entries on one host:port are one machine.
+                roles.append((ssh.host_key_secret, f"host-key {ssh.host.lower()}:{ssh.port}", f"nodes[{i}].ssh.hostKeySecret",
+                              f"the SSH host key of {ssh.host}"))
+        roles += [(m.api_key_secret, "api-key", f"models[{i}].apiKeySecret", "a vLLM API key")
+                  for i, m in enumerate(self.models) if m.api_key_secret and self.writes_secrets]
+        return roles
 
     def _check_storage_node(self) -> None:
         storage = self.model_storage
@@ -166,6 +224,7 @@ class StackConfig(_Model):
     def _check_replicas_and_routes(self) -> None:
         hosts: dict[str, tuple[int, str | None]] = {}
         routes: dict[tuple[str, str], int] = {}
+        issued: dict[str, tuple[int, str]] = {}
         for i, model in enumerate(self.models):
             if self.cluster.require_commit_revisions and not re.fullmatch(COMMIT_SHA, model.revision):
                 raise _at(
@@ -206,6 +265,15 @@ class StackConfig(_Model):
             other = routes.setdefault((host, path), i)
             if other != i:
                 raise _at(f"models[{i}].ingress.path", f"{host}{path} is already routed to models[{other}]; give each model its own path")
+            secret_name = model.ingress.tls_secret
+            if secret_name and self.cluster.cluster_issuer and self.cluster.edge == "ingress":
+                # cert-manager makes one Certificate per secret, from the one Ingress that owns it:
+                # a second host on the same secret would be served a certificate without its name.
+                owner, owner_host = issued.setdefault(secret_name, (i, host))
+                if owner_host != host:
+                    raise _at(f"models[{i}].ingress.tlsSecret",
+                              f"{secret_name!r} already holds the certificate cert-manager issues for {owner_host} "
+                              f"(models[{owner}]); {host} needs its own secret, e.g. {secret_name}-{host.split('.')[0]}")
             first, secret = hosts.setdefault(host, (i, model.ingress.tls_secret))
             if secret != model.ingress.tls_secret:
                 # nginx serves one certificate per host; two secrets for one host means one is ignored.
@@ -253,13 +321,26 @@ class StackConfig(_Model):
 
     def secret_keys(self) -> list[str]:
         """Every secret config key this stack reads, in a stable order."""
-        keys = [self.hf_token_secret] if self.models and self.writes_secrets else []
-        if self.cluster.kubeconfig and self.cluster.kubeconfig.secret:
-            keys.append(self.cluster.kubeconfig.secret)
-        for node in self.nodes:
-            keys += [k for k in (node.ssh.private_key_secret, node.ssh.host_key_secret) if k]
-        keys += [m.api_key_secret for m in self.models if m.api_key_secret and self.writes_secrets]
-        return list(dict.fromkeys(keys))
+        return list(dict.fromkeys(key for key, *_ in self.secret_roles()))
+
+
+# ---------------------------------------------------------------------------- against the secret values
+
+
+def check_secret_values(stack: StackConfig, value_of: Callable[[str], str]) -> None:
+    """Raise ConfigError when a secret holds another kind of credential than the key that reads it
+    expects, or the same credential as a secret of another role. Never says the value."""
+    seen: dict[str, tuple[str, str, str]] = {}
+    for key, role, path, what in stack.secret_roles():
+        value = value_of(key)
+        problem = value_problem(role, value, what)
+        if problem:
+            raise ConfigError(f"{path}: the secret {key} {problem}")
+        kind = role.split()[0]  # two machines' host keys are one kind (cloned images share theirs)
+        other = seen.setdefault(value, (key, kind, path)) if value else (key, kind, path)
+        if other[0] != key and other[1] != kind:
+            raise ConfigError(f"{path}: the secret {key} holds the same value as {other[0]} ({other[2]}); "
+                              f"one credential for two roles reaches the wrong audience: set {key} to {what} of its own")
 
 
 # ---------------------------------------------------------------------------- against the deployed stack

@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
-from stacks.config.base import K8sName, NodeName, SafePath, _Model
+from stacks.config.base import LOOPBACK, K8sName, NodeName, SafePath, _Model, refuse_port
 
 # mdadm 1.2 superblocks reserve a data offset in front of the data; recent mdadm uses up to
 # 128 MiB on large members (the internal bitmap lives in that gap).
@@ -46,11 +46,20 @@ class NfsStorage(_StorageBase):
 
     type: Literal["nfs"]
     server: str = Field(min_length=1, pattern=r"^[A-Za-z0-9.:_-]+$")
-    """NFS server name or address."""
+    """NFS server name or address (no port: the kubelet mounts NFS on the standard port)."""
     path: SafePath
     """Exported path; must not squash root (the download Job writes as root)."""
     size_gi: int = Field(ge=1)
     """Capacity of the export in GiB (the program cannot measure a remote server)."""
+
+    @field_validator("server")
+    @classmethod
+    def _no_port(cls, server: str) -> str:
+        if LOOPBACK.match(server) or server == "::1":
+            # The kubelet of whichever node the pod lands on mounts it: each would mount itself.
+            raise ValueError("a loopback address; the kubelet on each node mounts the export, so every node would mount "
+                             "itself: give the NFS server's name or address as the nodes reach it, e.g. nas.lan or 10.0.0.9")
+        return refuse_port(server, "write server: {name} (a Kubernetes NFS volume has no port field; the kubelet mounts port 2049)")
 
 
 class ClassStorage(_StorageBase):

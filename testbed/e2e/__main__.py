@@ -45,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         run.check("engine-versions", run.engine_versions)
         run.check("preview-prod", run.preview_prod)
         run.check("preview-policy-violation", run.preview_policy_violation, needs=("preview-prod",))
+        run.check("preview-refuses-like-render", run.preview_refuses_like_render)
         run.check("up-lab", run.up_lab)
         run.check("render-matches-engine", run.render_matches_engine, needs=("up-lab",))
         run.check("second-up-no-changes", run.second_up_no_changes, needs=("up-lab",))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import subprocess
 from dataclasses import dataclass
@@ -89,6 +90,40 @@ class EndToEnd(Run):
         require("gpu-startup-probe" in text and "mandatory" in text, f"the failure does not name the rule: {tail(text)}")
         line = next(line.strip() for line in text.splitlines() if "gpu-startup-probe" in line)
         return f"preview failed (exit {proc.returncode}): {line}"
+
+    def preview_refuses_like_render(self) -> str:
+        """Stack files the offline render refuses are refused by `pulumi preview` too, naming the same key."""
+        seen = []
+        for i, (what, mutate, key_path) in enumerate(REFUSED_FILES):
+            raw = rendering(stack_raw("prod"), self.tmp / f"yaml-refused-{i}")
+            mutate(raw)
+            name = f"refused{i}"
+            self.new_stack(name, raw, {"sshPrivateKey": self.canaries["sshPrivateKey"], "sshHostKeyWorker02": "unused"})
+            try:
+                run_program(name, stack_file=self.project / f"Pulumi.{name}.yaml")
+                raise CheckError(f"{what}: the offline render accepted it")
+            except RenderError as exc:
+                require(str(exc).startswith(f"config error: {key_path}: "), f"{what}: the render names another key: {exc}")
+            proc = self.pulumi("preview", stack=name, check=False)
+            text = proc.stdout + proc.stderr
+            line = next((line.strip() for line in text.splitlines() if f"config error: {key_path}: " in line), None)
+            require(proc.returncode != 0 and line is not None, f"{what}: the preview did not refuse it naming {key_path}: {tail(text)}")
+            seen.append(key_path)
+        # A key given twice: the CLI refuses the file itself, the render says so with the key's path.
+        stack_file = self.project / "Pulumi.refused-dup.yaml"
+        self.new_stack("refused-dup", rendering(stack_raw("prod"), self.tmp / "yaml-dup"),
+                       {"sshPrivateKey": self.canaries["sshPrivateKey"], "sshHostKeyWorker02": "unused"})
+        # After `pulumi config set` the CLI has rewritten the file: its indentation is the CLI's.
+        stack_file.write_text(_duplicate_revision(stack_file.read_text()))
+        try:
+            run_program("refused-dup", stack_file=stack_file)
+            raise CheckError("the offline render accepted a duplicate key")
+        except RenderError as exc:
+            require("gpu-serving:models[0].revision is given twice" in str(exc), f"the render names another key: {exc}")
+        proc = self.pulumi("preview", stack="refused-dup", check=False)
+        require(proc.returncode != 0 and "revision" in proc.stdout + proc.stderr,
+                f"the preview did not refuse the duplicate key: {tail(proc.stdout + proc.stderr)}")
+        return f"render and preview refuse the same {len(seen) + 1} files, naming {', '.join(seen)} and the duplicate revision"
 
     def up_lab(self) -> str:
         from tests.vm.harness import DEFAULT_DISKS, Vm, ensure_image
@@ -201,6 +236,43 @@ class EndToEnd(Run):
         if size_gb is None:
             write(render, self.out / "rendered" / stack)
         return render
+
+
+def _set(path: str, value: Any) -> Any:
+    def mutate(raw: dict[str, Any]) -> None:
+        *parents, last = path.split(".")
+        target: Any = raw
+        for part in parents:
+            target = target[int(part)] if part.isdigit() else target[part]
+        target[int(last) if last.isdigit() else last] = value
+    return mutate
+
+
+def _second_node_on_the_same_disk(raw: dict[str, Any]) -> None:
+    node = json.loads(json.dumps(raw["nodes"][0]))
+    node.update(name="k8s-worker-03", ssh={"host": "k8s-worker-03", "user": "root"})
+    node["storage"]["disks"] = [raw["nodes"][0]["storage"]["disks"][0], "/dev/sdd"]
+    raw["nodes"].append(node)
+
+
+# (what, the one mistake, the key path both the render and the preview name)
+REFUSED_FILES = (
+    ("an IP address as Ingress host", _set("models.0.ingress.host", "192.168.10.20"), "models[0].ingress.host"),
+    ("a moving image tag", _set("models.0.image", "vllm/vllm-openai:nightly"), "models[0].image"),
+    ("an SSH user that is not root", _set("nodes.0.ssh.user", "ubuntu"), "nodes[0].ssh.user"),
+    ("one disk under two nodes", _second_node_on_the_same_disk, "nodes[1].storage.disks[0]"),
+)
+
+
+def _duplicate_revision(text: str) -> str:
+    """The stack file with `revision: main` given twice in the model's mapping, at the file's own indent."""
+    lines = text.splitlines(keepends=True)
+    for i, line in enumerate(lines):
+        found = re.match(r"^(\s*)(- )?revision: main$", line.rstrip("\n"))
+        if found:
+            lines.insert(i + 1, f"{found[1]}{'  ' if found[2] else ''}revision: v1\n")
+            return "".join(lines)
+    raise CheckError("no `revision: main` line in the stack file to give twice")
 
 
 def engine_owned(urn: str) -> bool:

@@ -41,9 +41,12 @@ def image(ref: str) -> Mutation:
 CASES = [
     ("models[].image ':latest'", image("vllm/vllm-openai:latest"), "vllm-image-pinned"),
     ("models[].image without tag", image("vllm/vllm-openai"), "vllm-image-pinned"),
+    ("models[].image ':nightly'", image("vllm/vllm-openai:nightly"), "vllm-image-pinned"),
+    ("models[].image ':v0.11' (a release line)", image("vllm/vllm-openai:v0.11"), "vllm-image-pinned"),
     ("gpusPerReplica >= 1", no_gpu, "vllm-server-gpu"),
     ("extraArgs --tensor-parallel-size", arg("--tensor-parallel-size=4"), "vllm-tensor-parallel-matches-gpus"),
     ("extraArgs --api-key", arg("--api-key=sk-123"), "vllm-server-flags"),
+    ("extraArgs --hf-token", arg("--hf-token", "hf_abc"), "vllm-server-flags"),
     ("extraArgs --disable-log-stats", arg("--disable-log-stats"), "vllm-server-flags"),
     ("env CUDA_VISIBLE_DEVICES", env("CUDA_VISIBLE_DEVICES", "0,1"), "vllm-server-flags"),
     ("env NVIDIA_VISIBLE_DEVICES", env("NVIDIA_VISIBLE_DEVICES", "all"), "vllm-server-flags"),

@@ -84,11 +84,19 @@ def test_cli_output_and_exit_codes(capsys):
 
 
 def test_cli_advisory_only_exits_zero(tmp_path, capsys):
+    manifest = tmp_path / "no-pdb.yaml"
+    documents = GOOD.read_text().split("\n---\n")
+    manifest.write_text("\n---\n".join(d for d in documents if "kind: PodDisruptionBudget" not in d))
+    assert main([str(manifest)]) == 0
+    assert capsys.readouterr().out.startswith(f"advisory vllm-disruption-budget {manifest} Deployment/")
+
+
+def test_cli_a_moving_image_tag_is_mandatory_for_any_image(tmp_path, capsys):
     manifest = tmp_path / "web.yaml"
     manifest.write_text("apiVersion: v1\nkind: Pod\nmetadata: {name: web}\nspec:\n"
                         "  containers: [{name: web, image: nginx}]\n")
-    assert main([str(manifest)]) == 0
-    assert capsys.readouterr().out.startswith(f"advisory image-pinned {manifest} Pod/web: ")
+    assert main([str(manifest)]) == 1
+    assert capsys.readouterr().out.startswith(f"mandatory image-pinned {manifest} Pod/web: ")
 
 
 @pytest.mark.parametrize("text", ["kind: [unclosed\n", "- just\n- a list\n", "apiVersion: v1\nmetadata: {}\n"])

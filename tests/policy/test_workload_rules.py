@@ -200,18 +200,29 @@ def test_gpu_rollout_without_spare_gpu(strategy, violates):
     assert ("gpu-rollout-without-spare-gpu" in policies(check(d))) is violates
 
 
-@pytest.mark.parametrize(
-    ("image", "violates"),
-    [
-        ("vllm/vllm-openai:latest", True),
-        ("vllm/vllm-openai", True),
-        ("registry.local:5000/vllm", True),
-        ("vllm/vllm-openai:v0.11.0", False),
-        ("registry.local:5000/vllm@sha256:" + "a" * 64, False),
-    ],
-)
+IMAGES = [
+    ("vllm/vllm-openai:latest", True),
+    ("vllm/vllm-openai", True),
+    ("registry.local:5000/vllm", True),
+    ("vllm/vllm-openai:nightly", True),
+    ("vllm/vllm-openai:v0", True),
+    ("vllm/vllm-openai:v0.11", True),
+    ("vllm/vllm-openai:main", True),
+    ("vllm/vllm-openai:stable", True),
+    ("vllm/vllm-openai:nightly-0123456789abcdef0123456789abcdef01234567", True),
+    ("vllm/vllm-openai:v0.11.0-nightly", True),
+    ("vllm/vllm-openai:v0.11.0", False),
+    ("vllm/vllm-openai:v0.10.1.1", False),
+    ("vllm/vllm-openai:v0.11.0-cu126", False),
+    ("curlimages/curl:8.11.1", False),
+    ("registry.local:5000/vllm@sha256:" + "a" * 64, False),
+    ("registry.local:5000/vllm:latest@sha256:" + "a" * 64, False),
+]
+
+
+@pytest.mark.parametrize(("image", "violates"), IMAGES)
 def test_image_pinned(image, violates):
-    # A vLLM image: mandatory, as strict as the config; any other image: advisory.
+    # Every image is mandatory: the config refuses a moving tag on every image the stack deploys.
     d = good("Deployment")
     container(d)["image"] = image
     found = [v for v in check(d) if v.policy in ("image-pinned", "vllm-image-pinned")]
@@ -221,7 +232,16 @@ def test_image_pinned(image, violates):
     pod_spec(d)["containers"].append(sidecar)
     found = [v for v in check(d) if v.policy == "image-pinned"]
     assert bool(found) is violates
-    assert all(v.level == "advisory" for v in found)
+    assert all(v.level == "mandatory" for v in found)
+
+
+@pytest.mark.parametrize(("image", "violates"), IMAGES)
+def test_the_device_plugin_daemonset_image_is_checked(image, violates):
+    plugin = {"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "nvidia-device-plugin", "namespace": "kube-system"},
+              "spec": {"template": {"spec": {"containers": [
+                  {"name": "plugin", "image": image.replace("vllm/vllm-openai", "nvcr.io/nvidia/k8s-device-plugin")}]}}}}
+    refused = {v.policy for v in check(plugin) if v.level == "mandatory"} & {"image-pinned", "vllm-image-pinned"}
+    assert bool(refused) is violates
 
 
 def test_pod_job_and_statefulset_are_checked_too():
