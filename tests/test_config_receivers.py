@@ -4,6 +4,7 @@ stack with one mistake, refused at load in one line that names the key path and 
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 from typing import Any
 
@@ -235,7 +236,7 @@ def test_the_right_secret_values_render() -> None:
 PROD = (ROOT / "Pulumi.prod.yaml").read_text()
 DUPLICATES = [
     (PROD.replace("    namespace: ai\n", "    namespace: ai\n    namespace: ai-test\n", 1), "gpu-serving:cluster.namespace"),
-    (PROD.replace("      revision: main\n", "      revision: main\n      revision: abc123\n", 1), "gpu-serving:models[0].revision"),
+    (re.sub(r"^(      revision: \S+\n)", r"\1      revision: abc123\n", PROD, count=1, flags=re.M), "gpu-serving:models[0].revision"),
     (PROD.replace("        count: 2\n", "        count: 2\n        count: 4\n", 1), "gpu-serving:nodes[0].gpu.count"),
     (PROD + "  gpu-serving:modelStorage:\n    type: local\n    node: k8s-worker-02\n", "gpu-serving:modelStorage"),
     (PROD + "config:\n  gpu-serving:models: []\n", "config"),
