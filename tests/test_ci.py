@@ -1,0 +1,28 @@
+"""CI's entry point (.ci/run) and the repository depend on no folder of the machine they were made on."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from tools.render import ROOT
+
+
+def tracked_files_containing(needle: str) -> list[str]:
+    result = subprocess.run(["git", "grep", "-lF", needle], cwd=ROOT, capture_output=True, text=True, check=False)
+    return result.stdout.split()
+
+
+def test_no_tracked_file_names_a_folder_of_this_machine() -> None:
+    for folder in (str(ROOT.parent) + "/", str(Path.home() / ".cache") + "/"):
+        if folder in ("/", "/root/.cache/"):
+            # The clone's parent is the root folder, or the home folder is root's: names that the
+            # project legitimately writes for other machines (a container's /root/.cache/huggingface).
+            continue
+        assert tracked_files_containing(folder) == [], folder
+
+
+def test_ci_takes_the_engine_sources_from_beside_the_clone_only() -> None:
+    run = (ROOT / ".ci" / "run").read_text()
+    assert "../shared/engine-src" in run
+    assert "/work/" not in run and "$HOME" not in run
