@@ -20,6 +20,9 @@ from tools.render import ROOT
 ENGINE = ROOT / "testbed" / "engine"
 
 
+NEEDS_GO = pytest.mark.skipif(not any((Path(p) / "go").exists() for p in os.environ["PATH"].split(":")), reason="needs go")
+
+
 def pins() -> dict[str, str]:
     return dict(re.findall(r"^([A-Z0-9_]+)=(\S+)$", (ENGINE / "versions.env").read_text(), re.M))
 
@@ -62,7 +65,7 @@ def fake_repo(path: Path, tag: str) -> str:
     return git("rev-parse", "HEAD")
 
 
-@pytest.mark.skipif(not any((Path(p) / "go").exists() for p in os.environ["PATH"].split(":")), reason="needs go")
+@NEEDS_GO
 def test_a_git_source_whose_tag_is_not_the_pinned_commit_is_refused(tmp_path: Path) -> None:
     commit = fake_repo(tmp_path / "repo", f"v{pins()['COMMAND_VERSION']}")
     proc = subprocess.run(["bash", str(ENGINE / "build.sh"), "command"], capture_output=True, text=True,
@@ -72,48 +75,50 @@ def test_a_git_source_whose_tag_is_not_the_pinned_commit_is_refused(tmp_path: Pa
     assert not (tmp_path / "cache" / "src").exists() or not any((tmp_path / "cache" / "src").iterdir())
 
 
-@pytest.mark.skipif(not any((Path(p) / "go").exists() for p in os.environ["PATH"].split(":")), reason="needs go")
-def test_a_source_archive_whose_checksum_is_not_pinned_is_refused(tmp_path: Path) -> None:
+def command_archive(tmp_path: Path, suffix: str) -> Path:
+    """GS_ENGINE_SRC with a small stand-in for the command provider's source archive (`.tar` or `.tar.gz`)."""
     archives = tmp_path / "engine-src"
-    archives.mkdir()
     stage = tmp_path / "stage" / "provider"
     stage.mkdir(parents=True)
+    archives.mkdir()
     (stage / "go.mod").write_text("module example.com/provider\n")
-    name = f"{pins()['COMMAND_COMMIT']}-provider.tar.gz"
-    subprocess.run(["tar", "-czf", str(archives / name), "-C", str(stage.parent), "provider"], check=True)
-    proc = subprocess.run(["bash", str(ENGINE / "build.sh"), "command"], capture_output=True, text=True,
-                          env={**os.environ, "GS_CACHE": str(tmp_path / "cache"), "GS_ENGINE_SRC": str(archives),
+    archive = archives / f"{pins()['COMMAND_COMMIT']}-provider{suffix}"
+    subprocess.run(["tar", "-czf" if suffix.endswith(".gz") else "-cf", str(archive), "-C", str(stage.parent), "provider"], check=True)
+    return archive
+
+
+def build_command(tmp_path: Path, engine: Path, archive: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["bash", str(engine / "build.sh"), "command"], capture_output=True, text=True,
+                          env={**os.environ, "GS_CACHE": str(tmp_path / "cache"), "GS_ENGINE_SRC": str(archive.parent),
                                "GS_PULUMI_COMMAND_GIT": str(tmp_path / "no-such-repo")})
+
+
+@NEEDS_GO
+def test_a_source_archive_whose_checksum_is_not_pinned_is_refused(tmp_path: Path) -> None:
+    archive = command_archive(tmp_path, ".tar.gz")
+    proc = build_command(tmp_path, ENGINE, archive)
     assert proc.returncode != 0
-    assert f"{archives / name}: sha256 of its tar is" in proc.stderr
+    assert f"{archive}: sha256 of its tar is" in proc.stderr
     assert f"pinned {pins()['COMMAND_SRC_SHA256']}" in proc.stderr
     # Nothing of the refused archive is kept for a later build to pick up.
     assert not list((tmp_path / "cache").rglob("*.tar*"))
 
 
-@pytest.mark.skipif(not any((Path(p) / "go").exists() for p in os.environ["PATH"].split(":")), reason="needs go")
+@NEEDS_GO
 def test_a_source_archive_with_the_pinned_checksum_is_cached_without_git(tmp_path: Path) -> None:
     """The archive is used as the cache would be: the build then needs no git source. Checked with a
     pin made for a small archive, so nothing is compiled for long: the build fails later, in Go."""
-    archives = tmp_path / "engine-src"
-    archives.mkdir()
-    stage = tmp_path / "stage" / "provider"
-    stage.mkdir(parents=True)
-    (stage / "go.mod").write_text("module example.com/provider\n")
-    name = f"{pins()['COMMAND_COMMIT']}-provider"
-    subprocess.run(["tar", "-cf", str(archives / f"{name}.tar"), "-C", str(stage.parent), "provider"], check=True)
-    digest = hashlib.sha256((archives / f"{name}.tar").read_bytes()).hexdigest()
+    archive = command_archive(tmp_path, ".tar")
     engine = tmp_path / "engine"
     shutil.copytree(ENGINE, engine)
     shutil.copy(ENGINE.parent / "lib.sh", tmp_path / "lib.sh")
     versions = engine / "versions.env"
+    digest = hashlib.sha256(archive.read_bytes()).hexdigest()
     versions.write_text(re.sub(r"COMMAND_SRC_SHA256=\w+", f"COMMAND_SRC_SHA256={digest}", versions.read_text()))
-    proc = subprocess.run(["bash", str(engine / "build.sh"), "command"], capture_output=True, text=True,
-                          env={**os.environ, "GS_CACHE": str(tmp_path / "cache"), "GS_ENGINE_SRC": str(archives),
-                               "GS_PULUMI_COMMAND_GIT": str(tmp_path / "no-such-repo")})
+    proc = build_command(tmp_path, engine, archive)
     assert "(sha256 checked)" in proc.stderr, proc.stderr
     assert "cloning" not in proc.stderr
-    assert (tmp_path / "cache" / "src" / f"{name}.tar").read_bytes() == (archives / f"{name}.tar").read_bytes()
+    assert (tmp_path / "cache" / "src" / archive.name).read_bytes() == archive.read_bytes()
 
 
 def test_engine_owned_resources_are_the_stack_and_default_providers() -> None:
