@@ -154,7 +154,11 @@ def pod_spec(model: Model, cluster: ClusterConfig, claim_name: pulumi.Input[str]
     )
 
 
-def deployment_spec(model: Model, cluster: ClusterConfig, claim_name: pulumi.Input[str], api_key: bool) -> k8s.apps.v1.DeploymentSpecArgs:
+def deployment_spec(
+    model: Model, cluster: ClusterConfig, claim_name: pulumi.Input[str], api_key: bool,
+    rollout_annotations: dict[str, pulumi.Input[str]] | None = None,
+) -> k8s.apps.v1.DeploymentSpecArgs:
+    """`rollout_annotations` go on the pod template: a change rolls the pods (credentials.api_key_annotation)."""
     scaled = autoscaler(cluster, model) != "none"
     return k8s.apps.v1.DeploymentSpecArgs(
         # An autoscaler owns the replica count: setting it here would make every `pulumi up` fight it.
@@ -171,7 +175,10 @@ def deployment_spec(model: Model, cluster: ClusterConfig, claim_name: pulumi.Inp
         template=k8s.core.v1.PodTemplateSpecArgs(
             metadata=k8s.meta.v1.ObjectMetaArgs(
                 labels=labels(model, "inference-server"),
-                annotations={"prometheus.io/scrape": "true", "prometheus.io/port": str(PORT), "prometheus.io/path": "/metrics"},
+                annotations={
+                    "prometheus.io/scrape": "true", "prometheus.io/port": str(PORT), "prometheus.io/path": "/metrics",
+                    **(rollout_annotations or {}),
+                },
             ),
             spec=pod_spec(model, cluster, claim_name, api_key),
         ),

@@ -16,6 +16,11 @@ from stacks.config.storage import ModelStorage, usable_gib
 from stacks.placement import stranded_pod
 
 
+ROLLOUT_SALT_SECRET = "rolloutSalt"
+"""Secret config key holding the salt of the serving pods' API-key annotation (set once, random):
+see components/serving/credentials.py for why it is a secret of its own."""
+
+
 class StackConfig(_Model):
     cluster: Cluster
     """Cluster-wide choices."""
@@ -239,7 +244,15 @@ class StackConfig(_Model):
         for node in self.nodes:
             keys += [k for k in (node.ssh.private_key_secret, node.ssh.host_key_secret) if k]
         keys += [m.api_key_secret for m in self.models if m.api_key_secret and self.writes_secrets]
+        if self.rolls_on_api_key:
+            keys.append(ROLLOUT_SALT_SECRET)
         return list(dict.fromkeys(keys))
+
+    @property
+    def rolls_on_api_key(self) -> bool:
+        """Whether serving pods carry the salted API-key annotation (and so the stack reads the salt):
+        a model has an API key and the stack writes its Secret (a YAML-rendering stack knows no key)."""
+        return self.writes_secrets and any(m.api_key_secret for m in self.models)
 
 
 # ---------------------------------------------------------------------------- against the deployed stack
