@@ -292,7 +292,9 @@ def test_rollout_never_needs_a_spare_gpu(prod: Render) -> None:
 
 def test_scrape_annotations_and_recommended_labels(prod: Render) -> None:
     template = one(prod, DEPLOYMENT)["spec"]["template"]
-    assert template["metadata"]["annotations"] == {
+    annotations = dict(template["metadata"]["annotations"])
+    assert annotations.pop("gpu-serving/api-key-hmac").startswith("hmac-sha256:")  # tests/test_api_key_rotation.py
+    assert annotations == {
         "prometheus.io/scrape": "true",
         "prometheus.io/port": "8000",
         "prometheus.io/path": "/metrics",
