@@ -22,9 +22,9 @@ from components.serving.autoscaling import (
     scaled_object,
     scaling_behavior,
 )
+from components.serving.component import VllmService, VllmServiceArgs, credentials_note
 from components.serving.credentials import ANNOTATION as API_KEY_ANNOTATION
 from components.serving.credentials import api_key_annotation, api_key_digest
-from components.serving.component import VllmService, VllmServiceArgs, credentials_note
 from components.serving.edge import (
     PROXY_TIMEOUT_S,
     in_cluster_url,

@@ -15,7 +15,6 @@ from stacks.config.nodes import Node, size_gb_for
 from stacks.config.storage import ModelStorage, usable_gib
 from stacks.placement import stranded_pod
 
-
 ROLLOUT_SALT_SECRET = "rolloutSalt"
 """Secret config key holding the salt of the serving pods' API-key annotation (set once, random):
 see components/serving/credentials.py for why it is a secret of its own."""
