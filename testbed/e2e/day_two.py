@@ -31,7 +31,7 @@ GROW_FILE = "/mnt/models/e2e-day-two.bin"
 README_NAMES = {"ai-models": f"{NAMESPACE}-models", "vllm-qwen3-secrets": f"{DEPLOYMENT}-secrets", "vllm-qwen3": DEPLOYMENT,
                 "ai": NAMESPACE}
 SECOND = {"name": "second", "huggingFaceId": "Qwen/Qwen2.5-1.5B-Instruct", "revision": "main", "image": "vllm/vllm-openai:v0.11.0",
-          "gpuProduct": "nvidia-t4", "gpusPerReplica": 1, "maxModelLen": 4096, "weightsGb": 3, "cpu": "2", "memory": "8Gi"}
+          "gpuProduct": "nvidia-t4", "gpusPerReplica": 1, "maxModelLen": 4096, "weightsGb": 1, "cpu": "2", "memory": "8Gi"}
 
 
 def _changed(events_path: Path) -> dict[str, str]:
@@ -159,6 +159,8 @@ class DayTwoEndToEnd(ClusterEndToEnd):
                 "both curl lines answered with the key from the stack (without it: 401), model URLs in the output")
 
     def grow_cluster(self) -> str:
+        # md refuses a size change while the lab stack's grow still resyncs (README: watch /proc/mdstat first).
+        self.vm.ssh("mdadm --wait /dev/md/models", check=False)
         before_sum = self.vm_sh(f"head -c 16M /dev/urandom > {GROW_FILE} && sync && sha256sum {GROW_FILE} | cut -d' ' -f1")
         before_size = int(self.vm_sh("df -B1 --output=size /mnt/models | tail -1"))
         pods = set(self.pods())
@@ -263,17 +265,18 @@ class DayTwoEndToEnd(ClusterEndToEnd):
 
     def refresh_drift(self) -> str:
         self.kubectl("-n", NAMESPACE, "delete", "deployment", DEPLOYMENT, "--wait=true")
+        # targetPort, not the port: ports are keyed by port, so an edited port would be another entry.
         self.kubectl("-n", NAMESPACE, "patch", "service", DEPLOYMENT, "--type=json",
-                     "-p", json.dumps([{"op": "replace", "path": "/spec/ports/0/port", "value": 9000}]))
+                     "-p", json.dumps([{"op": "replace", "path": "/spec/ports/0/targetPort", "value": 9000}]))
         events = self.tmp / "refresh-drift-events.jsonl"
         self.run_block("refresh-drift", events=events)
         changed = {_name(urn): op for urn, op in _changed(events).items()}
         require(changed == {f"{MODEL}-deployment": "create", f"{MODEL}-service": "update"},
                 f"the up after refresh changed {changed}, expected the Deployment created and the Service updated")
-        port = self.get("service", DEPLOYMENT, "-n", NAMESPACE)["spec"]["ports"][0]["port"]
-        require(port == 8000, f"the Service's port is {port}")
+        ports = self.get("service", DEPLOYMENT, "-n", NAMESPACE)["spec"]["ports"]
+        require([(p["port"], p["targetPort"]) for p in ports] == [(8000, "http")], f"the Service's ports are {ports}")
         require(self.wait_for("the re-created Deployment's pods Ready", self.ready_pods), "no pod")
-        return "after refresh, up re-created the Deployment and put the Service's port back (8000); nothing else changed"
+        return "after refresh, up re-created the Deployment and put the Service's targetPort back (http); nothing else changed"
 
     def destroy_cluster_stack(self) -> None:
         # The README's destroy line ("What deletion keeps"), before the claims of destroy-retains-pv.
