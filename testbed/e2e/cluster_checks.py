@@ -25,6 +25,8 @@ FIT_NODES = ("fit-a", "fit-b")
 FIT_PRODUCT = "e2e-fit"
 # Two GPUs on the lab node of the cluster stack: room for a second model (add-model).
 LAB_NODE_GPUS = 2
+# A GPU node the cluster has from the start and the cluster stack takes in later (add-node).
+ADDED_NODE = "lab-node-2"
 
 
 def _free_port_block(size: int = 6) -> int:
@@ -124,7 +126,7 @@ class ClusterEndToEnd(EndToEnd):
     # ---- checks ---------------------------------------------------------------------------
 
     def cluster_up(self) -> str:
-        nodes = {"lab-node": LAB_NODE_GPUS, **dict.fromkeys(FIT_NODES, 2)}
+        nodes = {"lab-node": LAB_NODE_GPUS, ADDED_NODE: 1, **dict.fromkeys(FIT_NODES, 2)}
         self.cluster_env = {"GS_CLUSTER_PORT": str(_free_port_block())}
         start = time.monotonic()
         self.cluster_sh("start", *[arg for name, gpus in nodes.items() for arg in ("--node", f"{name}:{gpus}:32:128Gi")])

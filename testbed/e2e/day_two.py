@@ -7,8 +7,11 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import re
 import secrets
+import subprocess
 import threading
+import time
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -18,7 +21,7 @@ import yaml
 
 from stacks.config import usable_gib
 from testbed.e2e import runbook
-from testbed.e2e.cluster_checks import NAMESPACE, ClusterEndToEnd, _sequence
+from testbed.e2e.cluster_checks import ADDED_NODE, NAMESPACE, ClusterEndToEnd, _sequence
 from testbed.e2e.engine_checks import GROWN_SIZE_GB
 from testbed.e2e.run import require
 
@@ -28,8 +31,8 @@ DEPLOYMENT = f"vllm-{MODEL}"
 CLUSTER_GROWN_SIZE_GB = GROWN_SIZE_GB + 1
 GROW_FILE = "/mnt/models/e2e-day-two.bin"
 # The prod names in the README's commands → the cluster stack's.
-README_NAMES = {"ai-models": f"{NAMESPACE}-models", "vllm-qwen3-secrets": f"{DEPLOYMENT}-secrets", "vllm-qwen3": DEPLOYMENT,
-                "ai": NAMESPACE}
+README_NAMES = {"k8s-worker-02": "lab-node", "ai-models": f"{NAMESPACE}-models", "vllm-qwen3-secrets": f"{DEPLOYMENT}-secrets",
+                "vllm-qwen3": DEPLOYMENT, "ai": NAMESPACE}
 SECOND = {"name": "second", "huggingFaceId": "Qwen/Qwen2.5-1.5B-Instruct", "revision": "main", "image": "vllm/vllm-openai:v0.11.0",
           "gpuProduct": "nvidia-t4", "gpusPerReplica": 1, "maxModelLen": 4096, "weightsGb": 1, "cpu": "2", "memory": "8Gi"}
 
@@ -277,6 +280,50 @@ class DayTwoEndToEnd(ClusterEndToEnd):
         require([(p["port"], p["targetPort"]) for p in ports] == [(8000, "http")], f"the Service's ports are {ports}")
         require(self.wait_for("the re-created Deployment's pods Ready", self.ready_pods), "no pod")
         return "after refresh, up re-created the Deployment and put the Service's targetPort back (http); nothing else changed"
+
+    def drain_node(self) -> str:
+        # Watch the pods while the README's drain runs: kwok deletes a pod a second after its
+        # deletion starts, long enough to see the grace period the eviction gave it.
+        watch = subprocess.Popen(
+            [f"{self.cluster_env['GS_CLUSTER_BIN']}/kubectl", "get", "pods", "-n", NAMESPACE, "-w", "-o",
+             'jsonpath={.metadata.name} {.metadata.deletionGracePeriodSeconds}{"\\n"}'],
+            env={**self.env, "KUBECONFIG": self.cluster_env["KUBECONFIG"]}, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        pods_before = set(self.pods())
+        events = self.tmp / "drain-node-events.jsonl"
+        try:
+            self.run_block("drain-node", events=events, commands=slice(0, 1))
+        finally:
+            time.sleep(2)
+            watch.terminate()
+        seen = [line.split() for line in watch.communicate(timeout=30)[0].splitlines()]
+        serving = [rest for name, *rest in seen if name.startswith(DEPLOYMENT) and not re.search(r"-(dl|smoke)-", name)]
+        graces = {int(grace) for rest in serving for grace in rest}
+        want = self.offline_render("cluster").of_type("kubernetes:apps/v1:Deployment")[0].inputs["spec"]["template"]["spec"]
+        require(graces == {want["terminationGracePeriodSeconds"]},
+                f"the evicted pods got grace periods {sorted(graces)}, the render gives {want['terminationGracePeriodSeconds']}")
+        require(not set(self.pods()) & pods_before, "a serving pod survived the drain")
+        self.run_block("drain-node", events=events, commands=slice(1, 2))
+        node = self.get("node", "lab-node")
+        changed = _changed(events)
+        require(not changed, f"the up during the drain changed {sorted(changed.values())}")
+        require(node["spec"].get("unschedulable") is True, "the up undid the cordon")
+        self.run_block("drain-node", commands=slice(2, None))
+        pods = self.wait_for("the serving pods back after uncordon", self.ready_pods)
+        return (f"drain evicted {len(pods_before)} pod(s) through the PDB with grace {sorted(graces)} s (the render's); "
+                f"the up while cordoned changed nothing and kept the cordon; after uncordon {len(pods)} pod(s) Ready")
+
+    def add_node(self) -> str:
+        entry = {"name": ADDED_NODE, "ssh": {"host": "127.0.0.1", "port": self.vm.port}, "gpu": {"product": "nvidia-t4", "count": 1},
+                 "containerRuntime": "none"}
+        self.edit_stack(lambda config: config["gpu-serving:nodes"].append(entry))
+        events = self.tmp / "add-node-events.jsonl"
+        self.run_block("add-node", events=events)
+        changed = {_name(urn): op for urn, op in _changed(events).items()}
+        foreign = sorted(f"{op} {name}" for name, op in changed.items() if op != "create" or not name.startswith(ADDED_NODE))
+        require(changed and not foreign, f"the up did more than create {ADDED_NODE}'s resources: {foreign}")
+        labels = self.get("node", ADDED_NODE)["metadata"].get("labels", {})
+        require(labels.get("gpu-serving/gpu.product") == "nvidia-t4", f"{ADDED_NODE} is not labelled: {labels}")
+        return f"created only {ADDED_NODE}'s {len(changed)} resources ({', '.join(sorted(changed))}); lab-node re-ran nothing"
 
     def destroy_cluster_stack(self) -> None:
         # The README's destroy line ("What deletion keeps"), before the claims of destroy-retains-pv.
