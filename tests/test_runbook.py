@@ -12,12 +12,13 @@ from testbed.e2e import runbook
 from testbed.e2e.day_two import README_NAMES
 from tools.render import ROOT, Render
 
-# Every block a day-two check runs (DayTwoEndToEnd.run_block's first argument).
-E2E_BLOCKS = set(re.findall(r'run_block\("([a-z0-9-]+)"', (ROOT / "testbed/e2e/day_two.py").read_text()))
+# Every block a day-two check runs (the first argument of DayTwoEndToEnd.run_block or change_model).
+E2E_BLOCKS = set(re.findall(r'(?:run_block|change_model)\("([a-z0-9-]+)"', (ROOT / "testbed/e2e/day_two.py").read_text()))
 
 
 def test_every_block_e2e_runs_is_marked_in_the_readme() -> None:
     assert {"check", "grow", "rotate-api-key", "rotate-hf-token", "add-model", "remove-model", "refresh-drift", "drain-node", "add-node",
+                          "change-revision", "upgrade-image",
                           "destroy-and-re-up"} <= E2E_BLOCKS
     blocks = runbook.blocks()
     assert set(blocks) >= E2E_BLOCKS, f"README lacks the blocks {sorted(E2E_BLOCKS - set(blocks))}"

@@ -33,6 +33,8 @@ GROW_FILE = "/mnt/models/e2e-day-two.bin"
 # The prod names in the README's commands → the cluster stack's.
 README_NAMES = {"k8s-worker-02": "lab-node", "ai-models": f"{NAMESPACE}-models", "vllm-qwen3-secrets": f"{DEPLOYMENT}-secrets",
                 "vllm-qwen3": DEPLOYMENT, "ai": NAMESPACE}
+NEW_REVISION = "5f5e2b1c0d9a8b7c6d5e4f3a2b1c0d9e8f7a6b5c"  # any commit id: kwok's Job pods download nothing
+NEW_IMAGE = "vllm/vllm-openai:v0.11.1"
 SECOND = {"name": "second", "huggingFaceId": "Qwen/Qwen2.5-1.5B-Instruct", "revision": "main", "image": "vllm/vllm-openai:v0.11.0",
           "gpuProduct": "nvidia-t4", "gpusPerReplica": 1, "maxModelLen": 4096, "weightsGb": 1, "cpu": "2", "memory": "8Gi"}
 
@@ -324,6 +326,36 @@ class DayTwoEndToEnd(ClusterEndToEnd):
         labels = self.get("node", ADDED_NODE)["metadata"].get("labels", {})
         require(labels.get("gpu-serving/gpu.product") == "nvidia-t4", f"{ADDED_NODE} is not labelled: {labels}")
         return f"created only {ADDED_NODE}'s {len(changed)} resources ({', '.join(sorted(changed))}); lab-node re-ran nothing"
+
+    def change_model(self, block: str, key: str, value: str) -> str:
+        """The README's change of a model's revision or image: the download Job for it is done before
+        the Deployment's template changes, the rollout needs no spare GPU, the smoke test runs again."""
+        pods_before = set(self.pods())
+        smoke_before = {j["metadata"]["uid"] for name, j in self.jobs().items() if "-smoke-" in name}
+        self.edit_stack(lambda config: config["gpu-serving:models"][0].__setitem__(key, value))
+        events = self.tmp / f"{block}-events.jsonl"
+        self.run_block(block, events=events)
+        log = [json.loads(line) for line in events.read_text().splitlines() if line.strip()]
+        changed = {_name(urn): op for urn, op in _changed(events).items()}
+        require(changed.get(f"{MODEL}-deployment") == "update", f"the Deployment was not updated in place: {changed}")
+        require(f"{MODEL}-download" in changed, f"no new download Job: {changed}")
+        done, begun = _sequence(log, "resOutputsEvent", f"::{MODEL}-download"), _sequence(log, "resourcePreEvent", f"::{MODEL}-deployment")
+        require(done < begun, f"the Deployment's update began (event {begun}) before the download Job was done ({done})")
+        deployment = self.get("deployment", DEPLOYMENT, "-n", NAMESPACE)
+        require(deployment["spec"]["strategy"]["rollingUpdate"]["maxSurge"] == 0, "the rollout may need a spare GPU")
+        pods = self.wait_for("the rolled pods Ready", self.ready_pods)
+        require(not set(pods) & pods_before, "a pod from before the change still runs")
+        smoke = {j["metadata"]["uid"]: j for name, j in self.jobs().items() if "-smoke-" in name}
+        require(smoke and not set(smoke) & smoke_before and all(j["status"].get("succeeded") for j in smoke.values()),
+                "the smoke test did not run again and pass")
+        return (f"{key} -> {value}: download Job {changed[f'{MODEL}-download']} done (#{done}) before the Deployment's update began "
+                f"(#{begun}); {len(pods)} pod(s) rolled with maxSurge 0; smoke test re-ran and passed")
+
+    def change_revision(self) -> str:
+        return self.change_model("change-revision", "revision", NEW_REVISION)
+
+    def upgrade_image(self) -> str:
+        return self.change_model("upgrade-image", "image", NEW_IMAGE)
 
     def destroy_cluster_stack(self) -> None:
         # The README's destroy line ("What deletion keeps"), before the claims of destroy-retains-pv.
