@@ -339,7 +339,12 @@ class DayTwoEndToEnd(ClusterEndToEnd):
         changed = {_name(urn): op for urn, op in _changed(events).items()}
         require(changed.get(f"{MODEL}-deployment") == "update", f"the Deployment was not updated in place: {changed}")
         require(f"{MODEL}-download" in changed, f"no new download Job: {changed}")
-        done, begun = _sequence(log, "resOutputsEvent", f"::{MODEL}-download"), _sequence(log, "resourcePreEvent", f"::{MODEL}-deployment")
+        # The new Job's outputs (its await saw it complete), not those of deleting the old one.
+        done = next((int(e["sequence"]) for e in log if (meta := (e.get("resOutputsEvent") or {}).get("metadata") or {})
+                     and meta.get("urn", "").endswith(f"::{MODEL}-download") and not str(meta.get("op")).startswith(("delete", "discard"))),
+                    None)
+        require(done is not None, "no outputs of the new download Job in the event log")
+        begun = _sequence(log, "resourcePreEvent", f"::{MODEL}-deployment")
         require(done < begun, f"the Deployment's update began (event {begun}) before the download Job was done ({done})")
         deployment = self.get("deployment", DEPLOYMENT, "-n", NAMESPACE)
         require(deployment["spec"]["strategy"]["rollingUpdate"]["maxSurge"] == 0, "the rollout may need a spare GPU")
