@@ -39,11 +39,17 @@ SECOND = {"name": "second", "huggingFaceId": "Qwen/Qwen2.5-1.5B-Instruct", "revi
           "gpuProduct": "nvidia-t4", "gpusPerReplica": 1, "maxModelLen": 4096, "weightsGb": 1, "cpu": "2", "memory": "8Gi"}
 
 
+def _events(events_path: Path) -> list[dict[str, Any]]:
+    """The engine's events of an `up`, without those of the preview it starts with (`planning`)."""
+    events = [json.loads(line) for line in events_path.read_text().splitlines() if line.strip()]
+    return [e for e in events if not any(isinstance(body, dict) and body.get("planning") for body in e.values())]
+
+
 def _changed(events_path: Path) -> dict[str, str]:
     """URN → op of every resource a `pulumi up` did something to, from its event log."""
     changed = {}
-    for line in filter(str.strip, events_path.read_text().splitlines()):
-        meta = (json.loads(line).get("resourcePreEvent") or {}).get("metadata") or {}
+    for event in _events(events_path):
+        meta = (event.get("resourcePreEvent") or {}).get("metadata") or {}
         if meta.get("op") not in (None, "same", "read", "refresh"):
             changed[meta["urn"]] = meta["op"]
     return changed
@@ -242,7 +248,7 @@ class DayTwoEndToEnd(ClusterEndToEnd):
         require(not first, f"the first model's objects changed: {first}")
         others = sorted(f"{op} {_name(urn)}" for urn, op in changed.items() if op != "create")
         require(not others, f"the up did more than create: {others}")
-        log = [json.loads(line) for line in events.read_text().splitlines() if line.strip()]
+        log = _events(events)
         done, begun = _sequence(log, "resOutputsEvent", "::second-download"), _sequence(log, "resourcePreEvent", "::second-deployment")
         require(done < begun, f"the second Deployment began (event {begun}) before its download Job finished ({done})")
         require(self.wait_for("the second model's pods Ready", lambda: self.ready_pods("second")), "no second pod")
@@ -335,7 +341,7 @@ class DayTwoEndToEnd(ClusterEndToEnd):
         self.edit_stack(lambda config: config["gpu-serving:models"][0].__setitem__(key, value))
         events = self.tmp / f"{block}-events.jsonl"
         self.run_block(block, events=events)
-        log = [json.loads(line) for line in events.read_text().splitlines() if line.strip()]
+        log = _events(events)
         changed = {_name(urn): op for urn, op in _changed(events).items()}
         require(changed.get(f"{MODEL}-deployment") == "update", f"the Deployment was not updated in place: {changed}")
         require(f"{MODEL}-download" in changed, f"no new download Job: {changed}")
