@@ -8,6 +8,7 @@ from components.node import gpu_nodes
 from components.prerequisites import warn_missing
 from components.serving import VllmService, VllmServiceArgs, adapter_rules, needs_adapter_rules
 from components.storage import ModelStorage, ModelStorageArgs
+from stacks.config import ROLLOUT_SALT_SECRET
 
 config = stacks.load()
 warn_missing(config)  # at preview only: what the cluster lacks (ingress controller, cert-manager, adapter, KEDA)
@@ -57,6 +58,7 @@ services = [
             # A stack that renders YAML writes no Secret: its values would be plain text in the files.
             hf_token=stacks.secret(config.hf_token_secret) if config.writes_secrets else None,
             api_key=stacks.secret(model.api_key_secret) if model.api_key_secret and config.writes_secrets else None,
+            rollout_salt=stacks.secret(ROLLOUT_SALT_SECRET) if config.rolls_on_api_key else None,
             namespace=cluster.namespace,
             after=tuple(cluster.serving_needs),
         ),

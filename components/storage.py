@@ -77,12 +77,31 @@ def persistent_volume_spec(args: ModelStorageArgs) -> k8s.core.v1.PersistentVolu
     return None
 
 
+STATIC_CLAIM_REQUEST = "1Gi"
+"""What a claim bound by name to the stack's own PV asks for: a floor, never the disk's size.
+
+kube-apiserver refuses to raise the request of a claim no StorageClass provisioned
+(PersistentVolumeClaimResize admission: "only dynamically provisioned pvc can be resized") and to
+lower it below the claim's status.capacity, so a request that followed `sizeGb` broke `pulumi up`
+after every grow. The request only has to fit the volume for the binder; the pods see the whole
+filesystem, and the PV's capacity (what `kubectl get pvc` shows once bound) follows the partition."""
+
+
+def claim_request(args: ModelStorageArgs) -> str:
+    # A class-provisioned claim is the volume's size: the class grows it, when it allows expansion.
+    return STATIC_CLAIM_REQUEST if is_static(args.storage) else f"{args.capacity_gib}Gi"
+
+
+def is_static(storage: LocalStorage | NfsStorage | ClassStorage) -> bool:
+    return storage.type != "storageClass"
+
+
 def claim_spec(args: ModelStorageArgs) -> k8s.core.v1.PersistentVolumeClaimSpecArgs:
     storage = args.storage
-    static = storage.type != "storageClass"
+    static = is_static(storage)
     return k8s.core.v1.PersistentVolumeClaimSpecArgs(
         access_modes=[access_mode(storage)],
-        resources=k8s.core.v1.VolumeResourceRequirementsArgs(requests={"storage": f"{args.capacity_gib}Gi"}),
+        resources=k8s.core.v1.VolumeResourceRequirementsArgs(requests={"storage": claim_request(args)}),
         # A static PV is bound by name ("" = no dynamic provisioning); otherwise the class provisions one.
         storage_class_name="" if static else storage.storage_class,
         volume_name=pv_name(args.namespace, storage.name) if static else None,
@@ -116,6 +135,7 @@ class ModelStorage(pulumi.ComponentResource):
                 spec=spec,
                 opts=pulumi.ResourceOptions.merge(keep, pulumi.ResourceOptions(depends_on=args.ready)),
             )
+        static = is_static(storage)
         claim = k8s.core.v1.PersistentVolumeClaim(
             f"{name}-pvc",
             metadata=k8s.meta.v1.ObjectMetaArgs(
@@ -128,6 +148,9 @@ class ModelStorage(pulumi.ComponentResource):
                     depends_on=[volume] if volume else args.ready,
                     # A claim waits for its first consumer on many classes; don't block `pulumi up` on it.
                     custom_timeouts=pulumi.CustomTimeouts(create="15m"),
+                    # Claims made by earlier releases asked for the PV's whole capacity: sending them
+                    # the floor now would be a shrink below status.capacity, which the API server refuses too.
+                    ignore_changes=["spec.resources"] if static else None,
                 ),
             ),
         )

@@ -73,10 +73,10 @@ def test_defaults_come_from_the_models() -> None:
 
 def test_secret_keys_are_listed_once_in_a_stable_order() -> None:
     stack = parse(prod_raw())
-    assert stack.secret_keys() == ["hfToken", "sshPrivateKey", "sshHostKeyWorker02", "vllmApiKey"]
+    assert stack.secret_keys() == ["hfToken", "sshPrivateKey", "sshHostKeyWorker02", "vllmApiKey", "rolloutSalt"]
     raw = prod_raw()
     raw["cluster"]["kubeconfig"] = {"secret": "kubeconfig"}
-    assert parse(raw).secret_keys() == ["hfToken", "kubeconfig", "sshPrivateKey", "sshHostKeyWorker02", "vllmApiKey"]
+    assert parse(raw).secret_keys() == ["hfToken", "kubeconfig", "sshPrivateKey", "sshHostKeyWorker02", "vllmApiKey", "rolloutSalt"]
 
 
 def test_node_without_disks_does_no_disk_work() -> None:

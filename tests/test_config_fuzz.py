@@ -76,7 +76,8 @@ def mutated_prod(draw: st.DrawFn) -> dict[str, Any]:
 
 def load(raw: dict[str, Any]) -> StackConfig:
     values = {f"gpu-serving:{key}": value if isinstance(value, str) else json.dumps(value) for key, value in raw.items()}
-    secrets = ["gpu-serving:hfToken", "gpu-serving:sshPrivateKey", "gpu-serving:sshHostKeyWorker02", "gpu-serving:vllmApiKey"]
+    secrets = ["gpu-serving:hfToken", "gpu-serving:sshPrivateKey", "gpu-serving:sshHostKeyWorker02", "gpu-serving:vllmApiKey",
+               "gpu-serving:rolloutSalt"]
     values.update({key: f"value of {key}" for key in secrets})  # distinct: one value under two roles is refused
     pulumi.runtime.set_all_config(values, secrets)
     return stacks.load()

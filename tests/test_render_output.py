@@ -67,7 +67,7 @@ def test_the_render_ends_with_the_secrets_still_to_set(tmp_path: Path) -> None:
     result = render_cli("prod", "--out", str(tmp_path / "out"))
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[-1] == (
-        "needs: hfToken, sshPrivateKey, sshHostKeyWorker02, vllmApiKey "
+        "needs: hfToken, sshPrivateKey, sshHostKeyWorker02, vllmApiKey, rolloutSalt "
         "(set each with `pulumi config set --secret <key>` before `pulumi up`)"
     )
 
@@ -77,8 +77,8 @@ def test_a_secret_set_in_the_stack_file_is_not_needed(tmp_path: Path) -> None:
     stack.write_text(PROD + "  gpu-serving:hfToken:\n    secure: v1:abc:def\n  gpu-serving:sshPrivateKey:\n    secure: v1:abc:ghi\n")
     result = render_cli("set", "--stack-file", str(stack), "--out", str(tmp_path / "out"))
     assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines()[-1].startswith("needs: sshHostKeyWorker02, vllmApiKey (")
-    every = {"hfToken": "x", "sshPrivateKey": "y", "sshHostKeyWorker02": "z", "vllmApiKey": "w"}
+    assert result.stdout.splitlines()[-1].startswith("needs: sshHostKeyWorker02, vllmApiKey, rolloutSalt (")
+    every = {"hfToken": "x", "sshPrivateKey": "y", "sshHostKeyWorker02": "z", "vllmApiKey": "w", "rolloutSalt": "v"}
     assert run_program("prod", secret_values=every).missing_secrets == []
 
 

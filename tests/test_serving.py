@@ -294,9 +294,13 @@ def test_scrape_annotations_only_without_the_pod_monitor(prod: Render, render) -
     # Issue 24: annotations beside a PodMonitor double every series where an annotation job exists.
     template = one(prod, DEPLOYMENT)["spec"]["template"]
     assert prod.config.cluster.monitoring.pod_monitor
-    assert not any(k.startswith("prometheus.io/") for k in template["metadata"].get("annotations") or {})
+    annotations = dict(template["metadata"]["annotations"])
+    assert annotations.pop("gpu-serving/api-key-hmac").startswith("hmac-sha256:")  # tests/test_api_key_rotation.py
+    assert not any(k.startswith("prometheus.io/") for k in annotations)
     plain = render(cluster=prod_raw()["cluster"] | {"monitoring": {"podMonitor": False}})
-    assert one(plain, DEPLOYMENT)["spec"]["template"]["metadata"]["annotations"] == {
+    plain_annotations = dict(one(plain, DEPLOYMENT)["spec"]["template"]["metadata"]["annotations"])
+    plain_annotations.pop("gpu-serving/api-key-hmac")
+    assert plain_annotations == {
         "prometheus.io/scrape": "true",
         "prometheus.io/port": "8000",
         "prometheus.io/path": "/metrics",

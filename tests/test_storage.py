@@ -27,7 +27,8 @@ def test_claim_binds_the_pv_by_name(prod: Render) -> None:
     assert claim.inputs["metadata"] == {"name": "models", "namespace": "ai", "labels": claim.inputs["metadata"]["labels"]}
     assert spec["volumeName"] == "ai-models"
     assert spec["storageClassName"] == ""
-    assert spec["resources"]["requests"] == {"storage": "912Gi"}
+    # A floor the PV always has, not the volume's size: see test_growing_leaves_the_static_claim_alone.
+    assert spec["resources"]["requests"] == {"storage": "1Gi"}
 
 
 def test_volume_and_claim_survive_pulumi_destroy(prod: Render) -> None:
@@ -51,6 +52,26 @@ def test_capacity_follows_the_partition_size(render) -> None:  # type: ignore[no
     assert pv.inputs["spec"]["capacity"] == {"storage": "1825Gi"}
 
 
+def test_growing_leaves_the_static_claim_alone(render) -> None:  # type: ignore[no-untyped-def]
+    """kube-apiserver refuses to resize a claim no StorageClass provisioned ("only dynamically
+    provisioned pvc can be resized"), so raising sizeGb must change the PV's capacity and leave the
+    claim's spec as it is: `pulumi up` after a grow would otherwise fail on the claim."""
+    import yaml
+
+    from tools.render import ROOT
+
+    nodes = yaml.safe_load((ROOT / "Pulumi.prod.yaml").read_text())["config"]["gpu-serving:nodes"]
+    before = render(nodes=nodes)
+    nodes[0]["storage"]["sizeGb"] = 1200
+    after = render(nodes=nodes)
+    (pv_before,), (pv_after,) = before.of_type(PV), after.of_type(PV)
+    assert pv_before.inputs["spec"]["capacity"] != pv_after.inputs["spec"]["capacity"]
+    (claim_before,), (claim_after,) = before.of_type(PVC), after.of_type(PVC)
+    assert claim_before.inputs == claim_after.inputs
+    # Claims made by earlier releases asked for the whole capacity: the engine must never send them a new request.
+    assert claim_after.options["ignoreChanges"] == ["spec.resources"]
+
+
 def test_nfs_storage_is_read_write_many(render) -> None:  # type: ignore[no-untyped-def]
     result = render(modelStorage={"type": "nfs", "server": "nas.lan", "path": "/export/models", "sizeGi": 500})
     (pv,), (claim,) = result.of_type(PV), result.of_type(PVC)
@@ -59,7 +80,8 @@ def test_nfs_storage_is_read_write_many(render) -> None:  # type: ignore[no-unty
     assert pv.inputs["spec"]["persistentVolumeReclaimPolicy"] == "Retain"
     assert "nodeAffinity" not in pv.inputs["spec"]
     assert claim.inputs["spec"]["accessModes"] == ["ReadWriteMany"]
-    assert claim.inputs["spec"]["resources"]["requests"] == {"storage": "500Gi"}
+    assert claim.inputs["spec"]["resources"]["requests"] == {"storage": "1Gi"}
+    assert pv.inputs["spec"]["capacity"] == {"storage": "500Gi"}
 
 
 def test_storage_class_needs_no_static_volume(render) -> None:  # type: ignore[no-untyped-def]
@@ -67,6 +89,9 @@ def test_storage_class_needs_no_static_volume(render) -> None:  # type: ignore[n
     assert result.of_type(PV) == []
     (claim,) = result.of_type(PVC)
     assert claim.inputs["spec"]["storageClassName"] == "nfs"
+    # The class provisions (and, when it allows expansion, grows) the volume the claim asks for.
+    assert claim.inputs["spec"]["resources"]["requests"] == {"storage": "200Gi"}
+    assert not claim.options.get("ignoreChanges")
     assert claim.inputs["spec"]["accessModes"] == ["ReadWriteMany"]
     assert "volumeName" not in claim.inputs["spec"]
     assert claim.options.get("retainOnDelete") is True

@@ -23,6 +23,8 @@ from components.serving.autoscaling import (
     scaling_behavior,
 )
 from components.serving.component import VllmService, VllmServiceArgs, credentials_note
+from components.serving.credentials import ANNOTATION as API_KEY_ANNOTATION
+from components.serving.credentials import api_key_annotation, api_key_digest
 from components.serving.edge import (
     PROXY_TIMEOUT_S,
     in_cluster_url,
@@ -100,6 +102,7 @@ from components.serving.sizing import (
 )
 
 __all__ = [
+    "API_KEY_ANNOTATION",
     "DOWNLOAD_DIR",
     "DOWNLOAD_MB_PER_S",
     "DOWNLOAD_SCRIPT",
@@ -131,6 +134,8 @@ __all__ = [
     "VllmService",
     "VllmServiceArgs",
     "adapter_rules",
+    "api_key_annotation",
+    "api_key_digest",
     "autoscaler",
     "cache_env",
     "compile_cache_dir",

@@ -9,6 +9,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from components.serving.autoscaling import autoscaler, hpa_spec, scaled_object
+from components.serving.credentials import api_key_annotation
 from components.serving.drain import disruption_budget_spec
 from components.serving.edge import (
     egress_policy_spec,
@@ -40,6 +41,8 @@ class VllmServiceArgs:
     hf_token: pulumi.Input[str] | None
     """None when the stack renders YAML: the Secret is then left to the cluster (see `credentials_note`)."""
     api_key: pulumi.Input[str] | None = None
+    rollout_salt: pulumi.Input[str] | None = None
+    """The `rolloutSalt` secret: with `api_key`, the serving pods roll when the key changes (credentials.py)."""
     namespace: pulumi.Input[str] | None = None
     """The namespace as ClusterBase.namespace (the Namespace resource's output), so every object is
     created after the Namespace; None: `cluster.namespace` as a plain string (no ordering)."""
@@ -109,10 +112,14 @@ class VllmService(pulumi.ComponentResource):
         )
 
         rollout = f"{deployment_timeout_seconds(model.weights_gb)}s"
+        key_annotation = (
+            api_key_annotation(args.rollout_salt, args.api_key, namespace, model.name)
+            if args.api_key is not None and args.rollout_salt is not None else None
+        )
         deployment = k8s.apps.v1.Deployment(
             f"{name}-deployment",
             metadata=meta(base, "inference-server"),
-            spec=deployment_spec(model, cluster, args.claim_name, uses_api_key),
+            spec=deployment_spec(model, cluster, args.claim_name, uses_api_key, key_annotation),
             opts=pulumi.ResourceOptions(
                 parent=self,
                 depends_on=[job, *secrets, *args.after],
@@ -160,7 +167,7 @@ class VllmService(pulumi.ComponentResource):
             k8s.batch.v1.Job(
                 f"{name}-smoke-test",
                 metadata=meta(smoke_job_name(model), "smoke-test"),
-                spec=smoke_job_spec(model, namespace, uses_api_key, cluster.smoke_image),
+                spec=smoke_job_spec(model, namespace, uses_api_key, cluster.smoke_image, key_annotation),
                 opts=pulumi.ResourceOptions(
                     parent=self,
                     depends_on=[deployment, service],

@@ -125,7 +125,8 @@ def smoke_job_name(model: Model) -> str:
 
 def run_once_job(
     model: Model, component: str, *, backoff: int, deadline_s: int, container: k8s.core.v1.ContainerArgs,
-    as_server: bool = False, pod_failure_policy: k8s.batch.v1.PodFailurePolicyArgs | None = None, **pod: Any,
+    as_server: bool = False, pod_failure_policy: k8s.batch.v1.PodFailurePolicyArgs | None = None,
+    annotations: dict[str, pulumi.Input[str]] | None = None, **pod: Any,
 ) -> k8s.batch.v1.JobSpecArgs:
     """A Job that runs one container to completion, with the pod hardening every Job here shares.
     Finished Jobs keep their logs a week; once one is gone, `pulumi refresh` + `up` re-creates it."""
@@ -135,7 +136,7 @@ def run_once_job(
         active_deadline_seconds=deadline_s,
         ttl_seconds_after_finished=JOB_TTL_S,
         template=k8s.core.v1.PodTemplateSpecArgs(
-            metadata=k8s.meta.v1.ObjectMetaArgs(labels=labels(model, component)),
+            metadata=k8s.meta.v1.ObjectMetaArgs(labels=labels(model, component), annotations=annotations or None),
             spec=k8s.core.v1.PodSpecArgs(
                 restart_policy="Never",
                 containers=[container],
@@ -219,8 +220,11 @@ def job_spec(model: Model, cluster: ClusterConfig, claim_name: pulumi.Input[str]
     )
 
 
-def smoke_job_spec(model: Model, namespace: str, api_key: bool, image: str) -> k8s.batch.v1.JobSpecArgs:
-    """Runs on any ordinary node (no GPU, no toleration) against the Service, as a client would."""
+def smoke_job_spec(
+    model: Model, namespace: str, api_key: bool, image: str, rollout_annotations: dict[str, pulumi.Input[str]] | None = None
+) -> k8s.batch.v1.JobSpecArgs:
+    """Runs on any ordinary node (no GPU, no toleration) against the Service, as a client would.
+    With the servers' `rollout_annotations` a new API key replaces the Job, so it tests the new key."""
     env = [
         k8s.core.v1.EnvVarArgs(name="BASE", value=f"http://{object_name(model)}.{namespace}.svc:{PORT}"),
         k8s.core.v1.EnvVarArgs(name="MODEL", value=model.name),
@@ -238,4 +242,4 @@ def smoke_job_spec(model: Model, namespace: str, api_key: bool, image: str) -> k
         resources=k8s.core.v1.ResourceRequirementsArgs(requests={"cpu": "10m", "memory": "16Mi"}, limits={"cpu": "200m", "memory": "64Mi"}),
         security_context=read_only_security_context(run_as_non_root=True, run_as_user=100),
     )
-    return run_once_job(model, "smoke-test", backoff=2, deadline_s=SMOKE_DEADLINE_S, container=smoke)
+    return run_once_job(model, "smoke-test", backoff=2, deadline_s=SMOKE_DEADLINE_S, container=smoke, annotations=rollout_annotations)

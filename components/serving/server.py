@@ -172,7 +172,11 @@ def scrape_annotations(cluster: ClusterConfig) -> dict[str, str] | None:
     return {"prometheus.io/scrape": "true", "prometheus.io/port": str(PORT), "prometheus.io/path": "/metrics"}
 
 
-def deployment_spec(model: Model, cluster: ClusterConfig, claim_name: pulumi.Input[str], api_key: bool) -> k8s.apps.v1.DeploymentSpecArgs:
+def deployment_spec(
+    model: Model, cluster: ClusterConfig, claim_name: pulumi.Input[str], api_key: bool,
+    rollout_annotations: dict[str, pulumi.Input[str]] | None = None,
+) -> k8s.apps.v1.DeploymentSpecArgs:
+    """`rollout_annotations` go on the pod template: a change rolls the pods (credentials.api_key_annotation)."""
     scaled = autoscaler(cluster, model) != "none"
     return k8s.apps.v1.DeploymentSpecArgs(
         # An autoscaler owns the replica count: setting it here would make every `pulumi up` fight it.
@@ -187,7 +191,10 @@ def deployment_spec(model: Model, cluster: ClusterConfig, claim_name: pulumi.Inp
         progress_deadline_seconds=deployment_timeout_seconds(model.weights_gb),
         revision_history_limit=3,
         template=k8s.core.v1.PodTemplateSpecArgs(
-            metadata=k8s.meta.v1.ObjectMetaArgs(labels=labels(model, "inference-server"), annotations=scrape_annotations(cluster)),
+            metadata=k8s.meta.v1.ObjectMetaArgs(
+                labels=labels(model, "inference-server"),
+                annotations={**(scrape_annotations(cluster) or {}), **(rollout_annotations or {})} or None,
+            ),
             spec=pod_spec(model, cluster, claim_name, api_key),
         ),
     )

@@ -12,11 +12,11 @@ from stacks.config.cluster import Cluster, DevicePlugin, GpuTaint, Kubeconfig, P
 from stacks.config.load import TOP_LEVEL_KEYS, parse
 from stacks.config.models import BUNDLE_ENV, BUNDLE_FLAGS, MODEL_NAME_MAX, SECRET_LIKE, Ingress, Model, Replicas, flag_name
 from stacks.config.nodes import Gpu, Node, NodeStorage, Ssh, partition_bytes, size_gb_for
-from stacks.config.stack import StackConfig, refuse_shrinking
+from stacks.config.stack import ROLLOUT_SALT_SECRET, StackConfig, refuse_shrinking
 from stacks.config.storage import ClassStorage, LocalStorage, ModelStorage, NfsStorage, usable_gib
 
 __all__ = [
-    "BUNDLE_ENV", "BUNDLE_FLAGS", "MODEL_NAME_MAX", "PROJECT", "SECRET_LIKE", "TOP_LEVEL_KEYS",
+    "BUNDLE_ENV", "BUNDLE_FLAGS", "MODEL_NAME_MAX", "PROJECT", "ROLLOUT_SALT_SECRET", "SECRET_LIKE", "TOP_LEVEL_KEYS",
     "ClassStorage", "Cluster", "ConfigError", "DevicePlugin", "Gpu", "GpuTaint", "Ingress", "Kubeconfig",
     "LocalStorage", "Model", "ModelStorage", "NfsStorage", "Node", "NodeStorage", "PrometheusAdapter",
     "Replicas", "Ssh", "StackConfig", "flag_name", "parse", "partition_bytes", "refuse_shrinking",

@@ -17,6 +17,10 @@ from stacks.config.secrets import value_problem
 from stacks.config.storage import ModelStorage, usable_gib
 from stacks.placement import stranded_pod
 
+ROLLOUT_SALT_SECRET = "rolloutSalt"
+"""Secret config key holding the salt of the serving pods' API-key annotation (set once, random):
+see components/serving/credentials.py for why it is a secret of its own."""
+
 
 class StackConfig(_Model):
     cluster: Cluster
@@ -133,6 +137,8 @@ class StackConfig(_Model):
                               f"the SSH host key of {ssh.host}"))
         roles += [(m.api_key_secret, "api-key", f"models[{i}].apiKeySecret", "a vLLM API key")
                   for i, m in enumerate(self.models) if m.api_key_secret and self.writes_secrets]
+        if self.rolls_on_api_key:
+            roles.append((ROLLOUT_SALT_SECRET, "rollout-salt", ROLLOUT_SALT_SECRET, "a random salt"))
         return roles
 
     def _check_storage_node(self) -> None:
@@ -318,6 +324,12 @@ class StackConfig(_Model):
         """Whether the stack creates Kubernetes Secrets: not when it renders YAML, where the
         provider would write their values in plain text."""
         return self.cluster.render_yaml_to is None
+
+    @property
+    def rolls_on_api_key(self) -> bool:
+        """Whether serving pods carry the salted API-key annotation (and so the stack reads the salt):
+        a model has an API key and the stack writes its Secret (a YAML-rendering stack knows no key)."""
+        return self.writes_secrets and any(m.api_key_secret for m in self.models)
 
     def secret_keys(self) -> list[str]:
         """Every secret config key this stack reads, in a stable order."""

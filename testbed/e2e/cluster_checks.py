@@ -23,6 +23,10 @@ NAMESPACE = "ai-cluster"
 # Two 2-GPU nodes of a product no stack uses, for the per-node fit demonstration.
 FIT_NODES = ("fit-a", "fit-b")
 FIT_PRODUCT = "e2e-fit"
+# Two GPUs on the lab node of the cluster stack: room for a second model (add-model).
+LAB_NODE_GPUS = 2
+# A GPU node the cluster has from the start and the cluster stack takes in later (add-node).
+ADDED_NODE = "lab-node-2"
 
 
 def _free_port_block(size: int = 6) -> int:
@@ -115,13 +119,14 @@ class ClusterEndToEnd(EndToEnd):
         node = raw["nodes"][0]
         node["ssh"]["port"] = self.vm.port
         node["storage"]["sizeGb"] = GROWN_SIZE_GB  # the array on the VM already has this size: never shrink
+        node["gpu"]["count"] = LAB_NODE_GPUS
         raw["models"][0]["apiKeySecret"] = "vllmApiKey"
         return raw
 
     # ---- checks ---------------------------------------------------------------------------
 
     def cluster_up(self) -> str:
-        nodes = {"lab-node": 1, **dict.fromkeys(FIT_NODES, 2)}
+        nodes = {"lab-node": LAB_NODE_GPUS, ADDED_NODE: 1, **dict.fromkeys(FIT_NODES, 2)}
         self.cluster_env = {"GS_CLUSTER_PORT": str(_free_port_block())}
         start = time.monotonic()
         self.cluster_sh("start", *[arg for name, gpus in nodes.items() for arg in ("--node", f"{name}:{gpus}:32:128Gi")])
@@ -195,7 +200,7 @@ class ClusterEndToEnd(EndToEnd):
     def nodes_patched(self) -> str:
         node = self.get("node", "lab-node")
         labels, taints = node["metadata"].get("labels", {}), node["spec"].get("taints", [])
-        want = {"gpu-serving/gpu.product": "nvidia-t4", "nvidia.com/gpu.present": "true", "gpu-serving/gpu.count": "1"}
+        want = {"gpu-serving/gpu.product": "nvidia-t4", "nvidia.com/gpu.present": "true", "gpu-serving/gpu.count": str(LAB_NODE_GPUS)}
         require(all(labels.get(k) == v for k, v in want.items()), f"labels {labels}, expected {want}")
         require({"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"} in taints, f"taints {taints}")
         state = json.loads(self.pulumi("stack", "export", stack="cluster").stdout)
@@ -345,8 +350,11 @@ class ClusterEndToEnd(EndToEnd):
         same = self.second_up_changes_nothing("cluster", "noopUpClusterSeconds")
         return f"preview and up: no changes ({same} resources the same)"
 
-    def destroy_retains_pv(self) -> str:
+    def destroy_cluster_stack(self) -> None:
         self.pulumi("destroy", "--yes", "--skip-preview", stack="cluster", timeout=1800)
+
+    def destroy_retains_pv(self) -> str:
+        self.destroy_cluster_stack()
         left = [f"{o['kind']}/{o['metadata']['name']}" for o in self.get("deployments,jobs,services,ingresses", "-n", NAMESPACE)["items"]]
         require(not left, f"workloads left after destroy: {left}")
         volume = self.get("pv", f"{NAMESPACE}-models")

@@ -43,6 +43,8 @@ class Run:
     canaries: dict[str, str] = field(default_factory=dict)
     vm: Any = None
     failed: set[str] = field(default_factory=set)
+    skip: set[str] = field(default_factory=set)
+    """`--skip`: checks left out of a development run (a check that needs one of them still runs)."""
 
     @property
     def project(self) -> Path:
@@ -111,6 +113,10 @@ class Run:
     # ---- checks ---------------------------------------------------------------------------
 
     def check(self, name: str, fn: Callable[[], str], needs: tuple[str, ...] = ()) -> None:
+        if name in self.skip:
+            self.report.setdefault("skipped", []).append(name)
+            print(f"skip {name}", flush=True)
+            return
         start = time.monotonic()
         missing = [n for n in needs if n in self.failed]
         try:

@@ -1,0 +1,395 @@
+"""Day two on the loopback cluster: the README's runbook operations, run as the README prints them
+(testbed/e2e/runbook.py), each checked for what the runbook promises. They share the cluster stack
+that `up-cluster` made, one after the other, so the whole set costs a few `pulumi up`s."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import re
+import secrets
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from stacks.config import usable_gib
+from testbed.e2e import runbook
+from testbed.e2e.cluster_checks import ADDED_NODE, NAMESPACE, ClusterEndToEnd, _sequence
+from testbed.e2e.engine_checks import GROWN_SIZE_GB
+from testbed.e2e.run import require
+
+MODEL = "qwen25-05b"
+DEPLOYMENT = f"vllm-{MODEL}"
+# The cluster stack grows once more on the VM's 4 GiB disks (the lab stack left it at GROWN_SIZE_GB).
+CLUSTER_GROWN_SIZE_GB = GROWN_SIZE_GB + 1
+GROW_FILE = "/mnt/models/e2e-day-two.bin"
+# The prod names in the README's commands → the cluster stack's.
+README_NAMES = {"k8s-worker-02": "lab-node", "ai-models": f"{NAMESPACE}-models", "vllm-qwen3-secrets": f"{DEPLOYMENT}-secrets",
+                "vllm-qwen3": DEPLOYMENT, "ai": NAMESPACE}
+NEW_REVISION = "5f5e2b1c0d9a8b7c6d5e4f3a2b1c0d9e8f7a6b5c"  # any commit id: kwok's Job pods download nothing
+NEW_IMAGE = "vllm/vllm-openai:v0.11.1"
+SECOND = {"name": "second", "huggingFaceId": "Qwen/Qwen2.5-1.5B-Instruct", "revision": "main", "image": "vllm/vllm-openai:v0.11.0",
+          "gpuProduct": "nvidia-t4", "gpusPerReplica": 1, "maxModelLen": 4096, "weightsGb": 1, "cpu": "2", "memory": "8Gi"}
+
+
+def _events(events_path: Path) -> list[dict[str, Any]]:
+    """The engine's events of an `up`, without those of the preview it starts with (`planning`)."""
+    events = [json.loads(line) for line in events_path.read_text().splitlines() if line.strip()]
+    return [e for e in events if not any(isinstance(body, dict) and body.get("planning") for body in e.values())]
+
+
+def _changed(events_path: Path) -> dict[str, str]:
+    """URN → op of every resource a `pulumi up` did something to, from its event log."""
+    changed = {}
+    for event in _events(events_path):
+        meta = (event.get("resourcePreEvent") or {}).get("metadata") or {}
+        if meta.get("op") not in (None, "same", "read", "refresh"):
+            changed[meta["urn"]] = meta["op"]
+    return changed
+
+
+def _name(urn: str) -> str:
+    return urn.rsplit("::", 1)[1]
+
+
+class _ModelsStub(BaseHTTPRequestHandler):
+    """Stands in for `kubectl port-forward` to a vLLM pod: answers /v1/models only with the current key."""
+
+    key = ""
+
+    def do_GET(self) -> None:
+        ok = self.headers.get("Authorization") == f"Bearer {type(self).key}"
+        body = json.dumps({"object": "list", "data": [{"id": MODEL}]} if ok else {"error": "Unauthorized"}).encode()
+        self.send_response(200 if ok else 401)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@dataclass
+class DayTwoEndToEnd(ClusterEndToEnd):
+    """The runbook's operations on the cluster stack."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.readme = runbook.blocks()
+        self.pv_uid = self.claim_uid = self.grow_sum = ""
+
+    # ---- running the README ----------------------------------------------------------------
+
+    def shell(self, command: str, *, events: Path | None = None, check: bool = True) -> Any:
+        """One README command in the project copy, as the operator's shell runs it after `pulumi stack select`."""
+        env = {"KUBECONFIG": self.cluster_env["KUBECONFIG"], "PATH": f"{self.cluster_env['GS_CLUSTER_BIN']}:{self.env['PATH']}",
+               "PULUMI_SKIP_CONFIRMATIONS": "true"}
+        if events is not None and command.startswith("pulumi up"):
+            # Only observed: the engine's event log orders what the up did (the CLI offers it in debug mode).
+            command += f" --event-log {events}"
+            env["PULUMI_DEBUG_COMMANDS"] = "true"
+        return self.logged(["bash", "-o", "pipefail", "-c", command], shown=command, env=env, check=check, timeout=1800)
+
+    def run_block(self, name: str, *, names: dict[str, str] | None = None, drop: tuple[str, ...] = (),
+                  events: Path | None = None, commands: slice = slice(None)) -> list[Any]:
+        block = self.readme.get(name)
+        require(block is not None, f"README has no block marked `<!-- e2e: {name} -->`")
+        self.pulumi("stack", "select", "cluster")
+        ran = []
+        for command in block[commands]:  # type: ignore[index]
+            text = runbook.substitute(command.text, {**(names or {}), **README_NAMES})
+            if any(word in text for word in drop):
+                continue
+            ran.append(self.shell(text, events=events))
+        return ran
+
+    def edit_stack(self, edit: Any) -> None:
+        """What the runbook says to change in Pulumi.<stack>.yaml, done to the file."""
+        path = self.project / "Pulumi.cluster.yaml"
+        document = yaml.safe_load(path.read_text())
+        edit(document["config"])
+        path.write_text(yaml.safe_dump(document, sort_keys=False))
+
+    # ---- cluster state ----------------------------------------------------------------------
+
+    def pods(self, model: str = MODEL) -> dict[str, dict[str, Any]]:
+        selector = f"app.kubernetes.io/instance={model},app.kubernetes.io/component=inference-server"
+        return {p["metadata"]["uid"]: p for p in self.get("pods", "-n", NAMESPACE, "-l", selector)["items"]
+                if not p["metadata"].get("deletionTimestamp")}
+
+    def ready_pods(self, model: str = MODEL) -> dict[str, dict[str, Any]] | None:
+        pods = self.pods(model)
+        ready = {uid: p for uid, p in pods.items()
+                 if any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions", []))}
+        return ready if ready and len(ready) == len(pods) else None
+
+    def jobs(self, model: str = MODEL) -> dict[str, dict[str, Any]]:
+        return {j["metadata"]["name"]: j for j in self.get("jobs", "-n", NAMESPACE)["items"]
+                if j["metadata"]["name"].startswith(f"vllm-{model}-")}
+
+    def secret_value(self, key: str) -> str:
+        data = self.get("secret", f"{DEPLOYMENT}-secrets", "-n", NAMESPACE)["data"]
+        return base64.b64decode(data[key]).decode()
+
+    def vm_sh(self, command: str) -> str:
+        return self.vm.ssh(command).stdout.strip()
+
+    # ---- checks ------------------------------------------------------------------------------
+
+    def runbook_check(self) -> str:
+        # kwok runs no container: the port-forward is dropped, and a stand-in on loopback answers as
+        # vLLM with `--api-key` does (401 without the key). The README's URLs point at it.
+        _ModelsStub.key = self.canaries["vllmApiKey"]
+        server = ThreadingHTTPServer(("127.0.0.1", 0), _ModelsStub)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        try:
+            bare = self.shell(f"curl -sSf {url}/v1/models", check=False)
+            require(bare.returncode == 22, f"the stand-in answered a request without the key (curl exit {bare.returncode})")
+            ran = self.run_block("check", names={"https://ai.primer.rs": url, "localhost:8000": url[len("http://"):]},
+                                 drop=("port-forward",))
+        finally:
+            server.shutdown()
+        outputs = [proc.stdout for proc in ran]
+        require(len(ran) == 5, f"ran {len(ran)} of the block's commands, expected 5 (all but the port-forward)")
+        require("clean" in outputs[0], f"`pulumi stack output nodes` shows no clean health: {outputs[0][:200]}")
+        gpus = outputs[1].split("lab-node", 1)[-1].split("\n", 1)[0].split()
+        require(gpus == ["2"], f"kubectl get nodes does not list lab-node's 2 GPUs: {outputs[1][:200]}")
+        for text in (outputs[2], outputs[4]):
+            require(f'"id": "{MODEL}"' in text or f'"id":"{MODEL}"' in text, f"curl with the key got no model list: {text[:200]}")
+        require(f"{DEPLOYMENT}.{NAMESPACE}.svc" in outputs[3], f"`pulumi stack output models` has no in-cluster URL: {outputs[3][:200]}")
+        return ("ran the runbook's check as printed (port-forward dropped: kwok has no container): node health clean, GPUs listed, "
+                "both curl lines answered with the key from the stack (without it: 401), model URLs in the output")
+
+    def grow_cluster(self) -> str:
+        # md refuses a size change while the lab stack's grow still resyncs (README: watch /proc/mdstat first).
+        self.vm.ssh("mdadm --wait /dev/md/models", check=False)
+        before_sum = self.vm_sh(f"head -c 16M /dev/urandom > {GROW_FILE} && sync && sha256sum {GROW_FILE} | cut -d' ' -f1")
+        before_size = int(self.vm_sh("df -B1 --output=size /mnt/models | tail -1"))
+        pods = set(self.pods())
+        claim = self.get("pvc", "models", "-n", NAMESPACE)
+        self.edit_stack(lambda config: config["gpu-serving:nodes"][0]["storage"].__setitem__("sizeGb", CLUSTER_GROWN_SIZE_GB))
+        events = self.tmp / "grow-cluster-events.jsonl"
+        self.run_block("grow", events=events)
+        changed = {_name(urn): op for urn, op in _changed(events).items()}
+        require("model-storage-pvc" not in changed, f"the up changed the claim ({changed})")
+        require(changed.get("model-storage-pv") == "update", f"the PV was not updated: {changed}")
+        volume = self.get("pv", f"{NAMESPACE}-models")
+        after_claim = self.get("pvc", "models", "-n", NAMESPACE)
+        want = f"{usable_gib(CLUSTER_GROWN_SIZE_GB)}Gi"
+        require(volume["spec"]["capacity"]["storage"] == want, f"PV capacity {volume['spec']['capacity']}, expected {want}")
+        require(after_claim["metadata"]["uid"] == claim["metadata"]["uid"] and after_claim["status"].get("phase") == "Bound",
+                f"the claim was re-created or is {after_claim['status'].get('phase')}")
+        require(after_claim["spec"]["resources"] == claim["spec"]["resources"], "the claim's request changed")
+        require(set(self.ready_pods() or {}) == pods, "the serving pods were restarted or are not Ready")
+        after_size = int(self.vm_sh("df -B1 --output=size /mnt/models | tail -1"))
+        require(after_size > before_size, f"XFS did not grow: {before_size} -> {after_size}")
+        require(self.vm_sh(f"sha256sum {GROW_FILE} | cut -d' ' -f1") == before_sum, "the file on the volume changed")
+        self.grow_sum = before_sum
+        return (f"sizeGb {GROWN_SIZE_GB} -> {CLUSTER_GROWN_SIZE_GB}: updated {', '.join(sorted(changed))}; PV {want}, claim Bound and "
+                f"untouched, pods kept; XFS {before_size} -> {after_size} bytes, file checksum kept")
+
+    def rotate_api_key(self) -> str:
+        old_key = self.canaries["vllmApiKey"]
+        new_key = self.canaries["vllmApiKeyRotated"] = f"gs-canary-vllmApiKeyRotated-{secrets.token_hex(8)}"
+        (self.project / "new-key.txt").write_text(new_key)
+        pods_before = set(self.pods())
+        smoke_before = {j["metadata"]["uid"] for name, j in self.jobs().items() if "-smoke-" in name}
+        deployment_before = self.get("deployment", DEPLOYMENT, "-n", NAMESPACE)
+        self.run_block("rotate-api-key")
+        deployment = self.get("deployment", DEPLOYMENT, "-n", NAMESPACE)
+        require(deployment["spec"]["strategy"]["rollingUpdate"]["maxSurge"] == 0, "the rollout may need a spare GPU")
+        annotation = "gpu-serving/api-key-hmac"
+        require(deployment["spec"]["template"]["metadata"]["annotations"][annotation] !=
+                deployment_before["spec"]["template"]["metadata"]["annotations"][annotation], "the pod template did not change")
+        pods = self.wait_for("the rolled pods Ready", self.ready_pods)
+        require(not set(pods) & pods_before, "a pod from before the rotation still runs")
+        smoke = {j["metadata"]["uid"]: j for name, j in self.jobs().items() if "-smoke-" in name}
+        require(smoke and not set(smoke) & smoke_before, "the smoke test did not run again")
+        require(all(j["status"].get("succeeded") for j in smoke.values()), "the new smoke test did not succeed")
+        require(self.secret_value("api-key") == new_key, "the Secret does not hold the new key")
+        # No object but the Secret may carry either key or an unsalted hash of it.
+        everything = self.kubectl("get", "deployments,replicasets,pods,jobs,services,configmaps,events", "-n", NAMESPACE,
+                                  "-o", "json").stdout
+        needles = {k: [k, hashlib.sha256(k.encode()).hexdigest(), hashlib.sha1(k.encode()).hexdigest()] for k in (old_key, new_key)}
+        leaks = [n for values in needles.values() for n in values if n in everything]
+        require(not leaks, f"{len(leaks)} key or unsalted hash found in the namespace's objects")
+        return (f"template annotation changed, {len(pods_before)} pod(s) replaced by {len(pods)} Ready (maxSurge 0), smoke test re-ran "
+                f"and passed, Secret holds the new key; neither key nor its plain hash in any other object")
+
+    def rotate_hf_token(self) -> str:
+        new_token = self.canaries["hfTokenRotated"] = f"gs-canary-hfTokenRotated-{secrets.token_hex(8)}"
+        (self.project / "new-token.txt").write_text(new_token)
+        pods_before, jobs_before = set(self.pods()), {j["metadata"]["uid"] for j in self.jobs().values()}
+        events = self.tmp / "rotate-hf-token-events.jsonl"
+        self.run_block("rotate-hf-token", events=events)
+        changed = {_name(urn): op for urn, op in _changed(events).items()}
+        require(changed == {f"{MODEL}-secrets": "update"}, f"the up changed {changed}, expected only the Secret")
+        require(self.secret_value("hf-token") == new_token, "the Secret does not hold the new token")
+        require(set(self.pods()) == pods_before, "serving pods were restarted")
+        require({j["metadata"]["uid"] for j in self.jobs().values()} == jobs_before, "a Job was re-created")
+        return "only the Secret updated (it holds the new token); pods and Jobs untouched"
+
+    def add_model(self) -> str:
+        pods_before = set(self.pods())
+        self.edit_stack(lambda config: config["gpu-serving:models"].append(SECOND))
+        events = self.tmp / "add-model-events.jsonl"
+        self.run_block("add-model", events=events)
+        changed = _changed(events)
+        first = sorted(f"{op} {_name(urn)}" for urn, op in changed.items() if f"::{MODEL}" in urn or f"${MODEL}" in urn)
+        require(not first, f"the first model's objects changed: {first}")
+        others = sorted(f"{op} {_name(urn)}" for urn, op in changed.items() if op != "create")
+        require(not others, f"the up did more than create: {others}")
+        log = _events(events)
+        done, begun = _sequence(log, "resOutputsEvent", "::second-download"), _sequence(log, "resourcePreEvent", "::second-deployment")
+        require(done < begun, f"the second Deployment began (event {begun}) before its download Job finished ({done})")
+        require(self.wait_for("the second model's pods Ready", lambda: self.ready_pods("second")), "no second pod")
+        require(set(self.pods()) == pods_before, "the first model's pods were restarted")
+        return (f"created {len(changed)} objects of `second` only; its download Job done (#{done}) before its Deployment began "
+                f"(#{begun}); first model untouched")
+
+    def remove_model(self) -> str:
+        pods_before = set(self.pods())
+        claim, volume = self.get("pvc", "models", "-n", NAMESPACE), self.get("pv", f"{NAMESPACE}-models")
+        self.edit_stack(lambda config: config.__setitem__("gpu-serving:models", config["gpu-serving:models"][:1]))
+        events = self.tmp / "remove-model-events.jsonl"
+        self.run_block("remove-model", events=events)
+        changed = _changed(events)
+        require(changed and all(op == "delete" and "second" in urn for urn, op in changed.items()),
+                f"the up did more than delete the second model's objects: {sorted(changed.items())[:4]}")
+        kinds = "deployments,services,jobs,poddisruptionbudgets,networkpolicies"
+        left = [o["metadata"]["name"] for o in self.get(kinds, "-n", NAMESPACE)["items"] if o["metadata"]["name"].startswith("vllm-second")]
+        require(not left, f"objects of the removed model are left: {left}")
+        require(self.get("pvc", "models", "-n", NAMESPACE)["metadata"]["uid"] == claim["metadata"]["uid"], "the claim was re-created")
+        require(self.get("pv", f"{NAMESPACE}-models")["status"]["phase"] == "Bound" and
+                self.get("pv", f"{NAMESPACE}-models")["metadata"]["uid"] == volume["metadata"]["uid"], "the PV changed")
+        require(set(self.pods()) == pods_before, "the first model's pods were restarted")
+        return f"deleted the {len(changed)} objects of `second`; claim and PV kept and Bound; first model untouched"
+
+    def refresh_drift(self) -> str:
+        self.kubectl("-n", NAMESPACE, "delete", "deployment", DEPLOYMENT, "--wait=true")
+        # targetPort, not the port: ports are keyed by port, so an edited port would be another entry.
+        self.kubectl("-n", NAMESPACE, "patch", "service", DEPLOYMENT, "--type=json",
+                     "-p", json.dumps([{"op": "replace", "path": "/spec/ports/0/targetPort", "value": 9000}]))
+        events = self.tmp / "refresh-drift-events.jsonl"
+        self.run_block("refresh-drift", events=events)
+        changed = {_name(urn): op for urn, op in _changed(events).items()}
+        require(changed == {f"{MODEL}-deployment": "create", f"{MODEL}-service": "update"},
+                f"the up after refresh changed {changed}, expected the Deployment created and the Service updated")
+        ports = self.get("service", DEPLOYMENT, "-n", NAMESPACE)["spec"]["ports"]
+        require([(p["port"], p["targetPort"]) for p in ports] == [(8000, "http")], f"the Service's ports are {ports}")
+        require(self.wait_for("the re-created Deployment's pods Ready", self.ready_pods), "no pod")
+        return "after refresh, up re-created the Deployment and put the Service's targetPort back (http); nothing else changed"
+
+    def drain_node(self) -> str:
+        # Watch the pods while the README's drain runs: kwok deletes a pod a second after its
+        # deletion starts, long enough to see the grace period the eviction gave it.
+        watch = subprocess.Popen(
+            [f"{self.cluster_env['GS_CLUSTER_BIN']}/kubectl", "get", "pods", "-n", NAMESPACE, "-w", "-o",
+             'jsonpath={.metadata.name} {.metadata.deletionGracePeriodSeconds}{"\\n"}'],
+            env={**self.env, "KUBECONFIG": self.cluster_env["KUBECONFIG"]}, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        pods_before = set(self.pods())
+        events = self.tmp / "drain-node-events.jsonl"
+        try:
+            self.run_block("drain-node", events=events, commands=slice(0, 1))
+        finally:
+            time.sleep(2)
+            watch.terminate()
+        seen = [line.split() for line in watch.communicate(timeout=30)[0].splitlines()]
+        # The first grace period each serving pod shows is the eviction's (kwok's own delete may follow with 0).
+        first: dict[str, int] = {}
+        for name, *rest in seen:
+            if rest and name.startswith(DEPLOYMENT) and not re.search(r"-(dl|smoke)-", name):
+                first.setdefault(name, int(rest[0]))
+        graces = set(first.values())
+        want = self.offline_render("cluster").of_type("kubernetes:apps/v1:Deployment")[0].inputs["spec"]["template"]["spec"]
+        require(graces == {want["terminationGracePeriodSeconds"]},
+                f"the evicted pods got grace periods {sorted(graces)}, the render gives {want['terminationGracePeriodSeconds']}")
+        require(not set(self.pods()) & pods_before, "a serving pod survived the drain")
+        self.run_block("drain-node", events=events, commands=slice(1, 2))
+        node = self.get("node", "lab-node")
+        changed = _changed(events)
+        require(not changed, f"the up during the drain changed {sorted(changed.values())}")
+        require(node["spec"].get("unschedulable") is True, "the up undid the cordon")
+        self.run_block("drain-node", commands=slice(2, None))
+        pods = self.wait_for("the serving pods back after uncordon", self.ready_pods)
+        return (f"drain evicted {len(pods_before)} pod(s) through the PDB with grace {sorted(graces)} s (the render's); "
+                f"the up while cordoned changed nothing and kept the cordon; after uncordon {len(pods)} pod(s) Ready")
+
+    def add_node(self) -> str:
+        entry = {"name": ADDED_NODE, "ssh": {"host": "127.0.0.1", "port": self.vm.port}, "gpu": {"product": "nvidia-t4", "count": 1},
+                 "containerRuntime": "none"}
+        self.edit_stack(lambda config: config["gpu-serving:nodes"].append(entry))
+        events = self.tmp / "add-node-events.jsonl"
+        self.run_block("add-node", events=events)
+        changed = {_name(urn): op for urn, op in _changed(events).items()}
+        foreign = sorted(f"{op} {name}" for name, op in changed.items() if op != "create" or not name.startswith(ADDED_NODE))
+        require(changed and not foreign, f"the up did more than create {ADDED_NODE}'s resources: {foreign}")
+        labels = self.get("node", ADDED_NODE)["metadata"].get("labels", {})
+        require(labels.get("gpu-serving/gpu.product") == "nvidia-t4", f"{ADDED_NODE} is not labelled: {labels}")
+        return f"created only {ADDED_NODE}'s {len(changed)} resources ({', '.join(sorted(changed))}); lab-node re-ran nothing"
+
+    def change_model(self, block: str, key: str, value: str) -> str:
+        """The README's change of a model's revision or image: the download Job for it is done before
+        the Deployment's template changes, the rollout needs no spare GPU, the smoke test runs again."""
+        pods_before = set(self.pods())
+        smoke_before = {j["metadata"]["uid"] for name, j in self.jobs().items() if "-smoke-" in name}
+        self.edit_stack(lambda config: config["gpu-serving:models"][0].__setitem__(key, value))
+        events = self.tmp / f"{block}-events.jsonl"
+        self.run_block(block, events=events)
+        log = _events(events)
+        changed = {_name(urn): op for urn, op in _changed(events).items()}
+        require(changed.get(f"{MODEL}-deployment") == "update", f"the Deployment was not updated in place: {changed}")
+        require(f"{MODEL}-download" in changed, f"no new download Job: {changed}")
+        # The new Job's outputs (its await saw it complete), not those of deleting the old one.
+        done = next((int(e["sequence"]) for e in log if (meta := (e.get("resOutputsEvent") or {}).get("metadata") or {})
+                     and meta.get("urn", "").endswith(f"::{MODEL}-download") and not str(meta.get("op")).startswith(("delete", "discard"))),
+                    None)
+        require(done is not None, "no outputs of the new download Job in the event log")
+        begun = _sequence(log, "resourcePreEvent", f"::{MODEL}-deployment")
+        require(done < begun, f"the Deployment's update began (event {begun}) before the download Job was done ({done})")
+        deployment = self.get("deployment", DEPLOYMENT, "-n", NAMESPACE)
+        require(deployment["spec"]["strategy"]["rollingUpdate"]["maxSurge"] == 0, "the rollout may need a spare GPU")
+        pods = self.wait_for("the rolled pods Ready", self.ready_pods)
+        require(not set(pods) & pods_before, "a pod from before the change still runs")
+        smoke = {j["metadata"]["uid"]: j for name, j in self.jobs().items() if "-smoke-" in name}
+        require(smoke and not set(smoke) & smoke_before and all(j["status"].get("succeeded") for j in smoke.values()),
+                "the smoke test did not run again and pass")
+        return (f"{key} -> {value}: download Job {changed[f'{MODEL}-download']} done (#{done}) before the Deployment's update began "
+                f"(#{begun}); {len(pods)} pod(s) rolled with maxSurge 0; smoke test re-ran and passed")
+
+    def change_revision(self) -> str:
+        return self.change_model("change-revision", "revision", NEW_REVISION)
+
+    def upgrade_image(self) -> str:
+        return self.change_model("upgrade-image", "image", NEW_IMAGE)
+
+    def destroy_cluster_stack(self) -> None:
+        # The README's destroy line ("What deletion keeps"), before the claims of destroy-retains-pv.
+        self.pv_uid = self.get("pv", f"{NAMESPACE}-models")["metadata"]["uid"]
+        self.claim_uid = self.get("pvc", "models", "-n", NAMESPACE)["metadata"]["uid"]
+        self.run_block("destroy-and-re-up", commands=slice(0, 1))
+
+    def destroy_and_re_up(self) -> str:
+        self.run_block("destroy-and-re-up", commands=slice(1, None))
+        volume, claim = self.get("pv", f"{NAMESPACE}-models"), self.get("pvc", "models", "-n", NAMESPACE)
+        require(volume["metadata"]["uid"] == self.pv_uid and claim["metadata"]["uid"] == self.claim_uid,
+                "the PV or the claim was re-created instead of taken over")
+        require(claim["status"].get("phase") == "Bound" and claim["spec"].get("volumeName") == f"{NAMESPACE}-models",
+                f"the claim is {claim['status'].get('phase')} to {claim['spec'].get('volumeName')}")
+        pods = self.wait_for("the serving pods Ready", self.ready_pods)
+        checksum = self.vm_sh(f"sha256sum {GROW_FILE} | cut -d' ' -f1")
+        require(checksum == self.grow_sum, "the file written before the destroy changed or is gone")
+        state = json.loads(self.pulumi("stack", "export", stack="cluster").stdout)
+        kinds = {r["type"] for r in state["deployment"]["resources"]}
+        volumes = {"kubernetes:core/v1:PersistentVolume", "kubernetes:core/v1:PersistentVolumeClaim"}
+        require(volumes <= kinds, "the state lacks the PV or the claim")
+        return f"up after destroy took over the kept PV and claim (same UIDs, Bound), {len(pods)} pod(s) Ready, file checksum kept"
