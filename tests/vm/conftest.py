@@ -5,10 +5,13 @@ so the fast ``make test`` never boots a VM.
 
 Fixtures:
   vm_image    (session)  folder of the cached image (built on first use, ~3-4 min)
-  vm          (module)   a started Vm with two blank 4 GiB disks, shared by a test module
+  vm_booted   (session)  the image booted once and saved running (harness.BootedState)
+  vm          (module)   a started Vm with two blank 4 GiB disks, shared by a test module:
+                         vm_booted resumed (seconds, not a boot), then the disks plugged in
   fresh_vm    (function) the same, but a new VM for each test
   vm_factory  (function) ``vm_factory(disks=..., name=...)`` -> an UNSTARTED Vm in a tmp
-                         folder; every Vm it made is stopped at teardown
+                         folder whose start() really boots (pass ``booted=vm_booted`` to
+                         resume instead); every Vm it made is stopped at teardown
 
 Set GS_VM_KEEP=1 to keep the disk files of finished VMs (they are deleted otherwise,
 the logs are always kept in pytest's tmp folder).
@@ -22,7 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from harness import DEFAULT_DISKS, Vm, discard, ensure_image, running
+from harness import DEFAULT_DISKS, BootedState, Vm, discard, ensure_image, running, save_booted_state
 
 HERE = Path(__file__).resolve().parent
 VM_TESTS_ENABLED = os.environ.get("GS_VM_TESTS") == "1"
@@ -49,19 +52,24 @@ def vm_image() -> Path:
     return ensure_image()
 
 
-def _running(workdir: Path, image: Path) -> Iterator[Vm]:
-    with running(workdir, image=image) as machine:
+@pytest.fixture(scope="session")
+def vm_booted(vm_image: Path, tmp_path_factory: pytest.TempPathFactory) -> BootedState:
+    return save_booted_state(tmp_path_factory.mktemp("booted"), vm_image)
+
+
+def _running(workdir: Path, booted: BootedState) -> Iterator[Vm]:
+    with running(workdir, image=booted.image, booted=booted) as machine:
         yield machine
 
 
 @pytest.fixture(scope="module")
-def vm(vm_image: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Vm]:
-    yield from _running(tmp_path_factory.mktemp("vm"), vm_image)
+def vm(vm_booted: BootedState, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Vm]:
+    yield from _running(tmp_path_factory.mktemp("vm"), vm_booted)
 
 
 @pytest.fixture
-def fresh_vm(vm_image: Path, tmp_path: Path) -> Iterator[Vm]:
-    yield from _running(tmp_path / "vm", vm_image)
+def fresh_vm(vm_booted: BootedState, tmp_path: Path) -> Iterator[Vm]:
+    yield from _running(tmp_path / "vm", vm_booted)
 
 
 @pytest.fixture

@@ -38,6 +38,7 @@ from pathlib import Path
 __all__ = [
     "DEFAULT_DISKS",
     "OS_LAYOUT",
+    "BootedState",
     "GiB",
     "MiB",
     "SshError",
@@ -49,6 +50,7 @@ __all__ = [
     "make_os_like_layout",
     "os_layout_regions",
     "partition_sha256s",
+    "save_booted_state",
 ]
 
 MiB = 1024**2
@@ -59,6 +61,7 @@ BUILD_SCRIPT = HERE / "build-image.sh"
 INSTALL_DEPS_SCRIPT = HERE / "install-host-deps.sh"
 
 DEFAULT_DISKS: tuple[tuple[str, int], ...] = (("gs-disk-a", 4 * GiB), ("gs-disk-b", 4 * GiB))
+ROOT_PORTS = 8  # PCIe root ports for extra disks; a VM with more disks gets one per disk
 
 _SERIAL_RE = re.compile(r"^[A-Za-z0-9_.-]{1,20}$")  # virtio-blk serials are at most 20 bytes
 
@@ -181,6 +184,68 @@ def _stop_leftover_vms() -> None:
             vm.stop(timeout=60)
 
 
+# --------------------------------------------------------------------------- a booted guest, saved
+
+
+class BootedState:
+    """A guest booted once with no extra disks and saved while running: its root disk
+    (``root.qcow2``, frozen) and its memory and device state (``state``, qemu's migration
+    stream). ``Vm(..., booted=state)`` resumes it in seconds instead of booting (~40-70 s).
+    Made by :func:`save_booted_state`; valid for the qemu binary and harness that made it."""
+
+    def __init__(self, folder: Path, image: Path, memory_mib: int, cpus: int, root_ports: int) -> None:
+        self.folder = folder
+        self.image = image
+        self.memory_mib = memory_mib
+        self.cpus = cpus
+        self.root_ports = root_ports
+
+    @property
+    def root_disk(self) -> Path:
+        return self.folder / "root.qcow2"
+
+    @property
+    def state(self) -> Path:
+        return self.folder / "state"
+
+
+def save_booted_state(
+    folder: str | os.PathLike[str],
+    image: str | os.PathLike[str] | None = None,
+    *,
+    memory_mib: int = 1024,
+    cpus: int = 2,
+    timeout: float = 600,
+) -> BootedState:
+    """Boot the image once (no extra disks), let the boot finish, save the running guest."""
+    folder = Path(folder).resolve()
+    vm = Vm(folder, (), image=image, memory_mib=memory_mib, cpus=cpus)
+    vm.start()
+    try:
+        # start() waited for every boot job (networkd, logind, ...): a resumed guest starts where
+        # a booted one is when a test begins.
+        vm.ssh("sync", timeout=timeout)
+        vm._stop_mux()  # no connection open in the saved state
+        vm.monitor("stop")
+        state = folder / "state"
+        out = vm.monitor(f"migrate exec:cat>{shlex.quote(str(state))}", timeout=30)
+        if "rror" in out.split("migrate", 1)[-1]:
+            raise VmError(f"saving the booted guest failed: {out}")
+        deadline = time.monotonic() + timeout
+        while True:
+            info = vm.monitor("info migrate")
+            if "Migration status: completed" in info:
+                break
+            if "Migration status: failed" in info or time.monotonic() > deadline:
+                raise VmError(f"saving the booted guest failed: {info}")
+            time.sleep(0.5)
+    finally:
+        vm.stop(power_off=False)  # the saved root disk must stay exactly as the saved memory knows it
+    vm.root_disk.chmod(0o444)
+    assert vm.image is not None
+    return BootedState(folder, vm.image, memory_mib, cpus, vm.root_ports)
+
+
 # --------------------------------------------------------------------------- the VM
 
 
@@ -205,6 +270,7 @@ class Vm:
         sector_sizes: Mapping[str, int] | None = None,
         nvme: Iterable[str] = (),
         serials: Mapping[str, str] | None = None,
+        booted: BootedState | None = None,
     ) -> None:
         self.workdir = Path(workdir).resolve()
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -231,6 +297,10 @@ class Vm:
             if name not in self.disks:
                 raise KeyError(f"no disk {name!r}; have {sorted(self.disks)}")
         self.image = Path(image) if image else None
+        # A saved running guest the FIRST start() resumes instead of booting (see BootedState).
+        self.booted = booted
+        if booted is not None and (booted.memory_mib, booted.cpus) != (memory_mib, cpus):
+            raise ValueError(f"booted state is for {booted.memory_mib} MiB / {booted.cpus} CPUs, not {memory_mib} / {cpus}")
         self.memory_mib = memory_mib
         self.cpus = cpus
         self.boot_timeout = boot_timeout
@@ -242,6 +312,8 @@ class Vm:
         self._mon_dir: str | None = None
         self._attached: list[str] = []
         self._key: Path | None = None
+        self._mux = False  # an SSH master connection is up (see _start_mux)
+        self.resumed = False  # the last start() resumed a BootedState instead of booting
 
     # ---- properties -------------------------------------------------------
 
@@ -306,8 +378,10 @@ class Vm:
 
     # ---- lifecycle --------------------------------------------------------
 
-    def _prepare_files(self) -> None:
-        img = self.image or ensure_image()
+    def _prepare_files(self) -> bool:
+        """Create the key copy, root overlay and disk files that are missing; True when the
+        root overlay is new (a fresh work folder: nothing has booted from it yet)."""
+        img = self.image or (self.booted.image if self.booted else ensure_image())
         self.image = img
         src_key = img / "id_ed25519"
         self._key = self.workdir / "id_ed25519"
@@ -315,17 +389,37 @@ class Vm:
             self._key.write_bytes(src_key.read_bytes())
             self._key.chmod(0o600)
             (self.workdir / "id_ed25519.pub").write_bytes((img / "id_ed25519.pub").read_bytes())
-        if not self.root_disk.exists():
+        fresh = not self.root_disk.exists()
+        if fresh:
+            # Over the booted state's frozen root disk when resuming it, else over the image.
+            backing, fmt = (self.booted.root_disk, "qcow2") if self.booted else (img / "disk.raw", "raw")
             subprocess.run(
-                ["qemu-img", "create", "-q", "-f", "qcow2",
-                 "-b", str(img / "disk.raw"), "-F", "raw", str(self.root_disk)],
+                ["qemu-img", "create", "-q", "-f", "qcow2", "-b", str(backing), "-F", fmt, str(self.root_disk)],
                 check=True,
-            )  # fmt: skip
+            )
         for name, size in self.disks.items():
             p = self.disk_path(name)
             if not p.exists():
                 with open(p, "wb") as f:
                     f.truncate(size)
+        return fresh
+
+    @property
+    def root_ports(self) -> int:
+        """PCIe root ports the extra disks sit behind (one per disk, at least ROOT_PORTS)."""
+        return max(ROOT_PORTS, len(self.disks))
+
+    def _disk_device(self, name: str) -> str:
+        index = list(self.disks).index(name)
+        model = "nvme" if name in self.nvme else "virtio-blk-pci"
+        device = f"{model},drive=d-{name},id=dev-{name},serial={self.serials.get(name, name)},bus=gs-rp{index}"
+        if name in self.sector_sizes:
+            size = self.sector_sizes[name]
+            device += f",logical_block_size={size},physical_block_size={size}"
+        return device
+
+    def _disk_drive(self, name: str) -> str:
+        return f"file={self.disk_path(name)},if=none,id=d-{name},format=raw,cache=unsafe"
 
     def _qemu_argv(self, port: int, attach: list[str]) -> list[str]:
         argv = [
@@ -338,23 +432,21 @@ class Vm:
             "-m", str(self.memory_mib),
             "-nodefaults", "-no-user-config",
             "-display", "none",
-            # Fixed PCI slots: root first (vda), extra disks in declaration order,
-            # each at the same slot whether or not the others are attached.
             "-drive", f"file={self.root_disk},if=none,id=d-root,format=qcow2,cache=unsafe",
             "-device", "virtio-blk-pci,drive=d-root,serial=gs-root,bootindex=0,addr=0x4",
+            # A resumed guest must not share its random state with every other copy of the
+            # same saved boot: a new generation ID makes its kernel reseed.
+            "-device", "vmgenid,guid=auto",
         ]  # fmt: skip
-        slots = {n: 5 + i for i, n in enumerate(self.disks)}
+        # Each extra disk sits behind its own root port (the N-th declared disk behind port N,
+        # whether or not the others are attached), so a disk plugged into a resumed guest and the
+        # same disk at a cold boot are the same PCI device, and kernel names follow slot order.
+        # io-reserve=0: neither virtio-blk behind a PCIe port nor NVMe needs I/O space, and
+        # reserving 4 KiB per port would run out of it.
+        for i in range(self.root_ports):
+            argv += ["-device", f"pcie-root-port,id=gs-rp{i},chassis={i + 1},addr={5 + i:#x},io-reserve=0"]
         for name in attach:
-            model = "nvme" if name in self.nvme else "virtio-blk-pci"
-            device = f"{model},drive=d-{name},serial={self.serials.get(name, name)},addr={slots[name]:#x}"
-            if name in self.sector_sizes:
-                size = self.sector_sizes[name]
-                device += f",logical_block_size={size},physical_block_size={size}"
-            argv += [
-                "-drive",
-                f"file={self.disk_path(name)},if=none,id=d-{name},format=raw,cache=unsafe",
-                "-device", device,
-            ]  # fmt: skip
+            argv += ["-drive", self._disk_drive(name), "-device", self._disk_device(name)]
         argv += [
             # restrict=on: the guest reaches nothing (not the host, not outside);
             # only the explicit SSH forward on loopback works.
@@ -381,6 +473,10 @@ class Vm:
         ``port``: a fixed SSH port on 127.0.0.1 instead of a free one.
         ``keep_running``: the VM outlives this Python process (the lab VM); stop it
         with ``stop()`` from a later process or ``poweroff`` over SSH.
+
+        With ``booted`` (a :class:`BootedState`) and a fresh work folder, the first start
+        resumes that saved guest instead of booting, then plugs in the disks one by one
+        (``resumed`` says which happened); every later start is a real boot.
         """
         if self.running:
             raise VmError("VM already running")
@@ -390,18 +486,23 @@ class Vm:
         for n in names:
             if n not in self.disks:
                 raise KeyError(f"no disk {n!r}; have {sorted(self.disks)}")
-        self._prepare_files()
+        fresh = self._prepare_files()
+        resume = fresh and self.booted is not None and not keep_running and self.root_ports == self.booted.root_ports
         if self.serial_log.exists() and self.serial_log.stat().st_size:
             # keep the previous run's console log (qemu truncates the file)
             self.serial_log.replace(self.workdir / "serial.prev.log")
-        self._mon_dir = tempfile.mkdtemp(prefix="gsvm-")  # short path for the unix socket
+        self._mon_dir = tempfile.mkdtemp(prefix="gsvm-")  # short path for the unix sockets
         last_err = ""
         fixed_port = port
         for _attempt in range(3):
             port = fixed_port or _free_port()
+            argv = self._qemu_argv(port, [] if resume else names)
+            if resume:
+                assert self.booted is not None
+                argv += ["-incoming", f"exec:cat {shlex.quote(str(self.booted.state))}"]
             with open(self.qemu_log, "wb") as log:
                 self._proc = subprocess.Popen(
-                    self._qemu_argv(port, names),
+                    argv,
                     stdin=subprocess.DEVNULL,
                     stdout=log,
                     stderr=subprocess.STDOUT,
@@ -419,15 +520,62 @@ class Vm:
             self._cleanup_monitor()
             raise VmError(f"qemu failed to start:\n{last_err}")
         self._port = port
-        self._attached = names
+        self._attached = [] if resume else names
+        self.resumed = resume
         if not keep_running:
             _live_vms.add(self)
         try:
-            self.wait_ssh(timeout or self.boot_timeout)
+            if resume:
+                self._resume(names, timeout or self.boot_timeout)
+            else:
+                self.wait_ssh(timeout or self.boot_timeout)
+                self._start_mux()
+                self._wait_boot_finished(timeout or self.boot_timeout)
         except BaseException:
             self.stop(timeout=30)
             raise
         return self
+
+    def _resume(self, names: list[str], timeout: float) -> None:
+        """Run the incoming saved guest, set its clock, then plug in ``names`` in order."""
+        deadline = time.monotonic() + timeout
+        while True:
+            status = self.monitor("info status")
+            if "inmigrate" not in status and ("paused" in status or "running" in status):
+                break
+            if not self.running or time.monotonic() > deadline:
+                raise VmError(f"the saved guest did not load within {timeout:.0f} s: {status!r}\n" + self._diagnostics())
+            time.sleep(0.5)
+        if "running" not in status:
+            self.monitor("cont")
+        self.wait_ssh(max(deadline - time.monotonic(), 60))
+        self._start_mux()
+        # The guest's clock stopped when its state was saved.
+        self.ssh(f"date -s @{time.time():.3f} >/dev/null")
+        for count, name in enumerate(names, 1):
+            self.plug(name)
+            # Wait for each disk before the next, so kernel names follow declaration order
+            # as at a cold boot (vdb, vdc, ...; nvme0n1, nvme1n1, ...).
+            self.ssh(
+                "for i in $(seq 1200); do"
+                " [ $(ls /sys/block | grep -cE '^(vd[a-z]+|nvme[0-9]+n[0-9]+)$') -gt " + str(count) + " ] && exit 0;"
+                " sleep 0.1; done; exit 1",
+                timeout=300,
+            )
+        self.ssh("udevadm settle")
+
+    def plug(self, name: str) -> None:
+        """Hot-plug extra disk ``name`` into the running guest (behind its own root port)."""
+        if name not in self.disks:
+            raise KeyError(f"no disk {name!r}; have {sorted(self.disks)}")
+        if name in self._attached:
+            raise VmError(f"disk {name!r} is attached already")
+        for command in (f"drive_add 0 {self._disk_drive(name)}", f"device_add {self._disk_device(name)}"):
+            out = self.monitor(command, timeout=30)
+            reply = re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", out.split(command, 1)[-1]).replace("(qemu)", "").strip()
+            if reply not in ("", "OK"):
+                raise VmError(f"monitor {command!r}: {reply}")
+        self._attached.append(name)
 
     def wait_ssh(self, timeout: float = 180, *, not_boot_id: str | None = None) -> None:
         """Poll (once a second) until SSH answers; with ``not_boot_id``, until it
@@ -442,6 +590,7 @@ class Vm:
                     check=False,
                     timeout=15,
                     connect_timeout=5,
+                    direct=True,
                 )
                 seen = r.stdout.strip() if r.returncode == 0 else ""
                 if seen and seen != not_boot_id:
@@ -471,7 +620,17 @@ class Vm:
         # The connection may drop before ssh sees an exit status (255): ignore.
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.ssh("systemctl reboot", check=False, timeout=30)
+        self._stop_mux()
         self.wait_ssh(timeout or self.boot_timeout + 60, not_boot_id=old)
+        self._start_mux()
+        self._wait_boot_finished(timeout or self.boot_timeout + 60)
+
+    def _wait_boot_finished(self, timeout: float) -> None:
+        """Wait (bounded, never failing) until systemd has no start job left: sshd answers
+        before the rest of the boot ends (a nofail mount, a boot unit), and on a loaded host
+        a test that looked at once would race them."""
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.ssh("systemctl is-system-running --wait >/dev/null", check=False, timeout=timeout)
 
     def monitor(self, command: str, timeout: float = 5) -> str:
         """Send one human-monitor command (e.g. ``quit``, ``info block``); return its output."""
@@ -502,10 +661,12 @@ class Vm:
         except subprocess.TimeoutExpired:
             return False
 
-    def stop(self, *, timeout: float = 120) -> None:
+    def stop(self, *, timeout: float = 120, power_off: bool = True) -> None:
         """Power off over SSH and wait for qemu to exit.
 
         Fallbacks, in order: ``quit`` on the monitor socket, SIGTERM, SIGKILL.
+        ``power_off=False`` goes straight to ``quit``: for a VM whose disks are thrown away
+        (with ``cache=unsafe`` a quit may lose writes the guest has not flushed).
         No-op when not running.
         """
         proc = self._proc
@@ -513,9 +674,11 @@ class Vm:
             return
         try:
             if proc.poll() is None:
-                with contextlib.suppress(Exception):
-                    self.ssh("systemctl poweroff", check=False, timeout=30, connect_timeout=5)
-                if not self._wait_exit(timeout):
+                if power_off:
+                    with contextlib.suppress(Exception):
+                        self.ssh("systemctl poweroff", check=False, timeout=30, connect_timeout=5)
+                self._stop_mux()
+                if not power_off or not self._wait_exit(timeout):
                     with contextlib.suppress(Exception):
                         self.monitor("quit")
                     if not self._wait_exit(15):
@@ -524,6 +687,7 @@ class Vm:
                             proc.kill()
                             proc.wait()
         finally:
+            self._stop_mux()
             _live_vms.discard(self)
             self._proc = None
             self._cleanup_monitor()
@@ -565,14 +729,59 @@ class Vm:
             "-o", "ServerAliveCountMax=8",
         ]  # fmt: skip
 
-    def ssh_argv(self, *, key_path: str | os.PathLike[str] | None = None, connect_timeout: float = 10) -> list[str]:
+    @property
+    def _mux_socket(self) -> Path | None:
+        return Path(self._mon_dir) / "ssh.sock" if self._mon_dir else None
+
+    def _start_mux(self) -> None:
+        """Open one SSH master connection that later ssh calls share: a fresh connection costs
+        the guest a key exchange under TCG (~0.8 s), a session on the master a fraction of it.
+        Best effort: without it every call connects on its own, as before."""
+        self._stop_mux()
+        sock = self._mux_socket
+        if sock is None or not self.running:
+            return
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            r = subprocess.run(
+                ["ssh", *self.ssh_options(), "-i", str(self.key_path), "-p", str(self.port),
+                 "-o", "ControlMaster=yes", "-o", f"ControlPath={sock}", "-o", "ControlPersist=yes",
+                 "-N", "-f", f"{self.user}@{self.host}"],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60,
+            )  # fmt: skip
+            self._mux = r.returncode == 0 and sock.exists()
+
+    def _stop_mux(self) -> None:
+        """Close the master connection (before the guest goes down: a master whose guest
+        vanished would hold every call until its keep-alive gives up)."""
+        sock = self._mux_socket
+        if self._mux and sock is not None:
+            with contextlib.suppress(Exception):
+                subprocess.run(
+                    ["ssh", "-F", "/dev/null", "-o", f"ControlPath={sock}", "-O", "exit", f"{self.user}@{self.host}"],
+                    stdin=subprocess.DEVNULL, capture_output=True, timeout=15,
+                )  # fmt: skip
+        self._mux = False
+
+    def ssh_argv(
+        self,
+        *,
+        key_path: str | os.PathLike[str] | None = None,
+        connect_timeout: float = 10,
+        direct: bool = False,
+    ) -> list[str]:
         """``ssh`` argv up to and including ``user@host`` (append the remote command).
 
-        ``key_path`` overrides the key, e.g. to check that a WRONG key is refused.
+        ``key_path`` overrides the key, e.g. to check that a WRONG key is refused; such a
+        call, and one with ``direct``, makes its own connection instead of sharing the master.
         """
+        if self._mux and key_path is None and not direct:
+            mux = ["-o", "ControlMaster=no", "-o", f"ControlPath={self._mux_socket}"]
+        else:
+            mux = ["-o", "ControlPath=none"]
         return [
             "ssh",
             *self.ssh_options(connect_timeout=connect_timeout),
+            *mux,
             "-i", str(key_path or self.key_path),
             "-p", str(self.port),
             f"{self.user}@{self.host}",
@@ -587,14 +796,15 @@ class Vm:
         timeout: float | None = 600,
         connect_timeout: float = 10,
         key_path: str | os.PathLike[str] | None = None,
+        direct: bool = False,
     ) -> subprocess.CompletedProcess[str]:
         """Run ``cmd`` (a shell command line) as root in the guest.
 
         Returns a text-mode CompletedProcess. ``input`` may be str or bytes (bytes
         are sent unchanged). With ``check`` a non-zero exit raises :class:`SshError`
-        (exit 255 = ssh itself failed).
+        (exit 255 = ssh itself failed). ``direct``: a connection of its own (see ssh_argv).
         """
-        argv = [*self.ssh_argv(key_path=key_path, connect_timeout=connect_timeout), cmd]
+        argv = [*self.ssh_argv(key_path=key_path, connect_timeout=connect_timeout, direct=direct), cmd]
         if isinstance(input, bytes):
             raw = subprocess.run(argv, input=input, capture_output=True, timeout=timeout)
             res = subprocess.CompletedProcess(
@@ -665,8 +875,9 @@ OS_LAYOUT_END_MIB = OS_LAYOUT[-1][2] + OS_LAYOUT[-1][3]  # 289 MiB; the rest of 
 
 def discard(vm: Vm) -> None:
     """Stop the VM and delete its disk files (kept with GS_VM_KEEP=1; logs are always kept)."""
-    vm.stop()
-    if os.environ.get("GS_VM_KEEP") == "1":
+    keep = os.environ.get("GS_VM_KEEP") == "1"
+    vm.stop(power_off=keep)  # the disks are deleted: no need to shut the guest down cleanly
+    if keep:
         return
     for p in [vm.root_disk, *(vm.disk_path(n) for n in vm.disks)]:
         p.unlink(missing_ok=True)

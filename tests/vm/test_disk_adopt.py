@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import GiB, Vm, running
+from harness import BootedState, GiB, Vm, running
 
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
@@ -60,8 +60,8 @@ def sha(vm: Vm, path: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def vm(vm_image: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Vm]:
-    with running(tmp_path_factory.mktemp("vm"), [(n, 3 * 1024 * GiB) for n in NAMES], image=vm_image, nvme=NAMES) as machine:
+def vm(vm_booted: BootedState, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Vm]:
+    with running(tmp_path_factory.mktemp("vm"), [(n, 3 * 1024 * GiB) for n in NAMES], booted=vm_booted, nvme=NAMES) as machine:
         yield machine
 
 

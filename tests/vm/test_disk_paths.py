@@ -8,17 +8,16 @@ Skipped unless GS_VM_TESTS=1 (tests/vm/conftest.py).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-from harness import GiB, Vm, running
+from harness import BootedState, GiB, Vm, running
 from test_disk_safety import refused, steps_for
 
 
 @pytest.fixture(scope="module")
-def vm(vm_image: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Vm]:
+def vm(vm_booted: BootedState, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Vm]:
     disks = (("gs-path-1", 4 * GiB), ("gs-path-2", 4 * GiB))
-    with running(tmp_path_factory.mktemp("vm"), disks, image=vm_image, serials={"gs-path-1": "gs-lun", "gs-path-2": "gs-lun"}) as machine:
+    with running(tmp_path_factory.mktemp("vm"), disks, booted=vm_booted, serials={"gs-path-1": "gs-lun", "gs-path-2": "gs-lun"}) as machine:
         yield machine
 
 

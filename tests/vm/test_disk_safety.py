@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import GiB, Vm, make_os_like_layout, partition_sha256s, running
+from harness import BootedState, GiB, Vm, make_os_like_layout, partition_sha256s, running
 
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
@@ -106,8 +106,8 @@ def idle(vm: Vm) -> None:
 
 
 @pytest.fixture(scope="module")
-def vm(vm_image: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Vm]:
-    with running(tmp_path_factory.mktemp("vm"), DISKS, image=vm_image, sector_sizes={"gs-disk-c": 4096}) as machine:
+def vm(vm_booted: BootedState, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Vm]:
+    with running(tmp_path_factory.mktemp("vm"), DISKS, booted=vm_booted, sector_sizes={"gs-disk-c": 4096}) as machine:
         yield machine
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -43,6 +44,17 @@ def test_extra_disks_visible_by_id(vm: Vm) -> None:
     assert out[1] == f"/dev/vdc {4 * GiB}"
     assert vm.disk_path(DISK_A) == vm.workdir / "gs-disk-a.raw"
     assert vm.disk_path(DISK_A).stat().st_size == 4 * GiB
+
+
+def test_the_module_vm_is_a_fresh_copy_of_the_saved_boot(vm: Vm) -> None:
+    # Resumed from the session's saved boot, not booted: its clock was set again, its random
+    # state reseeded (a new VM generation ID), and its disks are blank files plugged in after.
+    assert vm.resumed
+    assert abs(float(vm.ssh("date +%s.%N").stdout) - time.time()) < 60
+    assert "crng reseeded due to virtual machine fork" in vm.ssh("dmesg").stdout
+    nonzero = vm.run_script('for d in "$@"; do dd if="$d" bs=1M count=8 status=none | tr -d "\\0" | wc -c; done',
+                            args=[Vm.by_id(DISK_A), Vm.by_id(DISK_B)]).stdout.split()  # fmt: skip
+    assert nonzero == ["0", "0"]
 
 
 def test_md_module_loads(vm: Vm) -> None:
@@ -152,6 +164,7 @@ def test_boot_with_one_disk_detached(vm: Vm, os_layout: dict[str, str]) -> None:
     vm.stop()
     assert not vm.running
     vm.start(attach=[DISK_A])
+    assert not vm.resumed  # a later start is a real boot
     assert vm.attached == [DISK_A]
     ids = vm.ssh("ls /dev/disk/by-id/").stdout.split()
     assert f"virtio-{DISK_A}" in ids
