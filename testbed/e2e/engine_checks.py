@@ -265,14 +265,14 @@ REFUSED_FILES = (
 
 
 def _duplicate_revision(text: str) -> str:
-    """The stack file with `revision: main` given twice in the model's mapping, at the file's own indent."""
+    """The stack file with the model's `revision:` given twice in its mapping, at the file's own indent."""
     lines = text.splitlines(keepends=True)
     for i, line in enumerate(lines):
-        found = re.match(r"^(\s*)(- )?revision: main$", line.rstrip("\n"))
+        found = re.match(r"^(\s*)(- )?revision: \S+$", line.rstrip("\n"))
         if found:
             lines.insert(i + 1, f"{found[1]}{'  ' if found[2] else ''}revision: v1\n")
             return "".join(lines)
-    raise CheckError("no `revision: main` line in the stack file to give twice")
+    raise CheckError("no `revision:` line in the stack file to give twice")
 
 
 def engine_owned(urn: str) -> bool:
