@@ -119,14 +119,15 @@ def namespace_labels(cluster: ClusterConfig) -> dict[str, str]:
 
 def priority_class(cluster: ClusterConfig) -> dict[str, Any] | None:
     """The serving pods' PriorityClass: above batch work, so a GPU pod may preempt a batch pod for its
-    node and is never the one preempted for it. Not the global default: other pods keep theirs."""
+    node and is never the one preempted for it. Not the global default (other pods keep theirs): left
+    unset, as the API server stores `globalDefault: false` by leaving it out, so the offline render and
+    the provider's YAML agree (e2e render-matches-engine)."""
     config = cluster.priority_class
     if config is None or not config.create:
         return None
     return dict(
         metadata=k8s.meta.v1.ObjectMetaArgs(name=config.name, labels=PART_OF),
         value=config.value,
-        global_default=False,
         preemption_policy="PreemptLowerPriority",
         description="gpu-serving model servers: above batch workloads on the GPU nodes",
     )

@@ -42,7 +42,7 @@ def test_serving_pods_are_guaranteed_qos(prod: Render) -> None:
 def test_serving_pods_run_above_batch_work(prod: Render) -> None:
     (priority,) = prod.of_type(PRIORITY_CLASS)
     assert priority.inputs["metadata"]["name"] == "gpu-serving"
-    assert priority.inputs["value"] > 0 and priority.inputs["globalDefault"] is False
+    assert priority.inputs["value"] > 0 and not priority.inputs.get("globalDefault")
     assert priority.options.get("retainOnDelete") is True  # cluster-scoped, perhaps shared
     assert one(prod, DEPLOYMENT)["spec"]["template"]["spec"]["priorityClassName"] == "gpu-serving"
     # the Jobs keep the default priority: they are the batch work
