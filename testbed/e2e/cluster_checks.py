@@ -309,7 +309,9 @@ class ClusterEndToEnd(EndToEnd):
         raw = stack_raw("prod")
         raw["cluster"] = {"namespace": "fit", "renderYamlTo": str(self.tmp / "yaml-fit"), "autoscaling": "none"}
         node = raw["nodes"][0]
-        raw["nodes"] = [{**node, "name": name, "ssh": {"host": name}, "gpu": {"product": FIT_PRODUCT, "count": 2}}
+        # Each node its own disks: one disk under two nodes is refused at load, before the fit.
+        raw["nodes"] = [{**node, "name": name, "ssh": {"host": name}, "gpu": {"product": FIT_PRODUCT, "count": 2},
+                         "storage": {**node["storage"], "disks": [f"/dev/disk/by-id/virtio-{name}-{side}" for side in "ab"]}}
                         for name in FIT_NODES]
         raw["modelStorage"] = {"type": "nfs", "server": "nas", "path": "/models", "sizeGi": 100}
         model = {k: v for k, v in raw["models"][0].items() if k != "ingress"}
