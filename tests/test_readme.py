@@ -1,6 +1,7 @@
-"""README.md as an operator reads it: every shell command in its fenced blocks is run by a test, by
-`make e2e`, or listed below with the reason no test here can run it, so none goes stale unseen; a
-new command that is none of these fails. Its table of contents and links lead somewhere."""
+"""README.md as an operator reads it: every shell command in its fenced blocks (and in docs/testbed.md,
+where the test bed's detail moved) is run by a test, by `make e2e`, or listed below with the reason no
+test here can run it, so none goes stale unseen; a new command that is none of these fails. Its table
+of contents and links lead somewhere."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from tests.test_runbook import E2E_BLOCKS
 from tools.render import ROOT
 
 FENCE = re.compile(r"^(?P<indent>[ \t]*)```(?P<lang>[^\n`]*)\n(?P<body>.*?)^(?P=indent)```[ \t]*$", re.M | re.S)
+DOCUMENTS = ("README.md", "docs/testbed.md")
 SHELL = {"bash", "sh", "shell"}
 NOT_SHELL = {"text", "yaml", "json"}
 
@@ -43,6 +45,10 @@ RUN_ELSEWHERE = {
     "pulumi preview --policy-pack policy --policy-pack-config rendered/prod/policy-config.json":
         ("testbed/e2e/engine_checks.py", '"preview", "--policy-pack", "policy", "--policy-pack-config"'),
     "make test": (".ci/run", "stage test make test"),  # the suite itself: CI's `test` stage
+    # docs/testbed.md: e2e drives the loopback cluster through the script `make cluster` runs.
+    "eval \"$(bash testbed/cluster/cluster.sh env | sed 's/^/export /')\"":
+        ("testbed/e2e/cluster_checks.py", 'self.cluster_sh("env")'),
+    "make cluster-stop": ("testbed/e2e/__main__.py", 'run.cluster_sh("stop"'),
 }
 
 # Commands no test can run here, and why. Keep the reason true; a command leaving the README must
@@ -65,6 +71,10 @@ NEEDS_A_REAL_SETUP = {
     "pulumi up --policy-pack policy --policy-pack-config rendered/prod/policy-config.json":
         "runs the node steps on real GPU nodes; e2e's up-lab and up-cluster run `pulumi up` on a VM and a loopback "
         "cluster, and preview-prod the pack with this config",
+    "make cluster STACK=prod":
+        "builds Kubernetes from Go modules (up to an hour cold); e2e's cluster-up starts the same cluster with cluster.sh",
+    "\"$GS_CLUSTER_BIN/kubectl\" get nodes":
+        "needs the running loopback cluster; e2e's cluster-up checks its nodes are Ready",
 }
 
 
@@ -107,30 +117,34 @@ def shell_commands(body: str) -> list[str]:
     return commands
 
 
+def documented_blocks() -> list[tuple[str, Block]]:
+    return [(name, block) for name in DOCUMENTS for block in fenced_blocks((ROOT / name).read_text())]
+
+
 def test_every_fence_says_its_language() -> None:
-    unknown = [(b.heading, b.lang) for b in fenced_blocks(readme()) if b.lang not in SHELL | NOT_SHELL]
+    unknown = [(name, b.heading, b.lang) for name, b in documented_blocks() if b.lang not in SHELL | NOT_SHELL]
     assert not unknown, f"fenced blocks without a known language (bash for commands, text otherwise): {unknown}"
 
 
 def test_every_command_is_run_by_a_test_or_e2e_or_says_why_not() -> None:
     e2e_run, other = set(), []
-    for block in fenced_blocks(readme()):
+    for name, block in documented_blocks():
         if block.lang not in SHELL:
             continue
         if block.e2e is not None:
-            assert block.e2e in E2E_BLOCKS, f"block e2e: {block.e2e} ({block.heading}) is marked but e2e never runs it"
+            assert block.e2e in E2E_BLOCKS, f"block e2e: {block.e2e} ({name}, {block.heading}) is marked but e2e never runs it"
             e2e_run.update(shell_commands(block.body))
             continue
-        other += [(block.heading, command) for command in shell_commands(block.body)]
+        other += [(f"{name}, {block.heading}", command) for command in shell_commands(block.body)]
     assert e2e_run and other
     tested = set(RUN_HERE) | set(RUN_ELSEWHERE) | set(kubeconfig_step())
-    untested = [f"{heading}: {command}" for heading, command in other
+    untested = [f"{where}: {command}" for where, command in other
                 if command not in tested and command not in NEEDS_A_REAL_SETUP]
-    assert not untested, ("README commands no test runs: run each in a test (RUN_HERE, RUN_ELSEWHERE) or list it "
+    assert not untested, ("commands no test runs: run each in a test (RUN_HERE, RUN_ELSEWHERE) or list it "
                           f"in NEEDS_A_REAL_SETUP with the reason: {untested}")
     listed = set(RUN_HERE) | set(RUN_ELSEWHERE) | set(NEEDS_A_REAL_SETUP)
     gone = listed - {command for _, command in other}
-    assert not gone, f"listed here but no longer in the README: {sorted(gone)}"
+    assert not gone, f"listed here but no longer documented: {sorted(gone)}"
 
 
 def test_a_new_untested_command_fails_the_check() -> None:
