@@ -17,11 +17,19 @@ from tools.render import ROOT
 
 
 def deploy_block() -> list[str]:
+    """The commands of "Step by step" in order: every `bash` block of its list, the e2e check block aside."""
     readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("### Step by step"):readme.index("### GitOps")]
-    block = re.search(r"```bash\n(.*?)```", section, re.S)
-    assert block
-    return [line for line in block.group(1).splitlines() if line.strip() and not line.startswith("#")]
+    section = readme[readme.index("### Step by step"):readme.index("#### With NVIDIA's GPU Operator")]
+    blocks = [match.group(2) for match in re.finditer(r"^([ \t]*)```bash\n(.*?)^\1```", section, re.S | re.M)
+              if "<!-- e2e:" not in section[:match.start()].rstrip().splitlines()[-1]]
+    assert len(blocks) >= 4
+    return [line.strip() for body in blocks for line in body.splitlines() if line.strip() and not line.strip().startswith("#")]
+
+
+def kubeconfig_step() -> list[str]:
+    """The lines of the kubeconfig step, as the test below runs them."""
+    lines = deploy_block()
+    return lines[first(lines, "mkdir -p .kube"):first(lines, "chmod 600 .kube/prod.yaml") + 1]
 
 
 def first(lines: list[str], needle: str) -> int:
@@ -38,6 +46,9 @@ def test_every_step_comes_after_what_it_needs() -> None:
     assert first(lines, "make render STACK=prod") < preview
     assert first(lines, "> .kube/prod.yaml") < preview
     assert "cp ~/.kube/config" not in "\n".join(lines)
+    # The stack file is committed after `stack init` and the secrets: the workflows need its encryptionsalt.
+    commit = first(lines, "git add Pulumi.prod.yaml")
+    assert first(lines, "pulumi stack init") < commit and max(i for i, line in enumerate(lines) if "config set --secret" in line) < commit
 
 
 def test_the_kubeconfig_step_names_the_context_as_the_stack_does(tmp_path: Path) -> None:
@@ -55,8 +66,7 @@ def test_the_kubeconfig_step_names_the_context_as_the_stack_does(tmp_path: Path)
         "contexts": [{"name": "kind-gpu", "context": {"cluster": "kind-gpu", "user": "kind-gpu"}},
                      {"name": "other", "context": {"cluster": "other", "user": "other"}}],
     }))
-    lines = deploy_block()
-    step = lines[first(lines, "mkdir -p .kube"):first(lines, "chmod 600 .kube/prod.yaml") + 1]
+    step = kubeconfig_step()
     env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"} | {"HOME": str(home)}
     project = tmp_path / "project"
     project.mkdir()
