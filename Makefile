@@ -85,7 +85,7 @@ checkers:
 
 test-vm: $(STAMP)
 	bash tests/vm/install-host-deps.sh
-	GS_VM_TESTS=1 $(PY) -m pytest -q tests/vm
+	GS_VM_TESTS=1 $(PY) -m pytest -q -n auto --dist loadfile --durations=20 tests/vm
 
 SHELL_SCRIPTS = $(wildcard components/node_scripts/*.sh tests/vm/*.sh testbed/engine/*.sh testbed/cluster/*.sh testbed/checkers/*.sh .ci/run)
 

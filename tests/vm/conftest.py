@@ -32,8 +32,27 @@ VM_TESTS_ENABLED = os.environ.get("GS_VM_TESTS") == "1"
 SKIP_REASON = "VM test: boots a Debian VM under qemu (minutes); set GS_VM_TESTS=1 (make test-vm) to run it"
 
 
+# make test-vm runs one module per worker (pytest-xdist --dist loadfile) and hands out modules in
+# collection order: the longest first, so no long module starts last while the other worker idles.
+# Measured minutes per module are in README.md ("Speed"); a module not listed runs after these.
+SLOWEST_FIRST = (
+    "test_disk_adopt.py",
+    "test_node_scripts.py",
+    "test_disk_safety.py",
+    "test_node_faults.py",
+    "test_live_node.py",
+    "test_harness.py",
+)
+
+
+def _module_rank(item: pytest.Item) -> int:
+    name = Path(item.path).name
+    return SLOWEST_FIRST.index(name) if name in SLOWEST_FIRST else len(SLOWEST_FIRST)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if VM_TESTS_ENABLED:
+        items.sort(key=_module_rank)  # stable: tests keep their order within a module
         return
     skip = pytest.mark.skip(reason=SKIP_REASON)
     for item in items:
