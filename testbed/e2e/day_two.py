@@ -311,7 +311,7 @@ class DayTwoEndToEnd(ClusterEndToEnd):
              'jsonpath={.metadata.name} {.metadata.deletionGracePeriodSeconds}{"\\n"}'],
             env={**self.env, "KUBECONFIG": self.cluster_env["KUBECONFIG"]}, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         seen: list[list[str]] = []
-        threading.Thread(target=lambda: seen.extend(line.split() for line in watch.stdout or []), daemon=True).start()
+        threading.Thread(target=lambda: seen.extend(line.split() for line in watch.stdout or [] if line.strip()), daemon=True).start()
         try:
             # Drain only once the watch listed the pods: its events then include the eviction's.
             self.wait_for("the pod watch to start", lambda: any(name in pods_before_names for name, *_ in seen), timeout=60)
