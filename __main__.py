@@ -3,7 +3,7 @@
 import pulumi
 
 import stacks
-from components.cluster import ClusterArgs, ClusterBase, kubernetes_provider
+from components.cluster import ClusterArgs, ClusterBase, applied_annotations, kubernetes_provider
 from components.node import gpu_nodes
 from components.prerequisites import warn_missing
 from components.serving import VllmService, VllmServiceArgs, adapter_rules, needs_adapter_rules
@@ -31,6 +31,7 @@ model_storage = ModelStorage(
         # Not for the whole ClusterBase: its monitoring objects (adapter rules) are no business of the volume.
         ready=nodes[storage_node.name].storage_ready if storage_node else [],
         namespace_ref=cluster.namespace,
+        annotations=applied_annotations(config.cluster),
     ),
     opts=kubernetes,
 )

@@ -12,6 +12,17 @@ import stacks
 from stacks.config import Cluster as ClusterConfig
 
 PART_OF = {"app.kubernetes.io/part-of": "gpu-serving", "app.kubernetes.io/managed-by": "pulumi"}
+# Server-side apply refuses to set a field another field manager owns (a `kubectl edit`/`patch` by
+# hand): without force, that `pulumi up` and every later one fail on the conflict. The stack owns what
+# it declares, so its apply takes such fields back (fields it does not declare stay the other's).
+PATCH_FORCE = {"pulumi.com/patchForce": "true"}
+
+
+def applied_annotations(cluster: ClusterConfig, annotations: dict[str, str] | None = None) -> dict[str, str] | None:
+    """An object's annotations, with PATCH_FORCE when the provider applies it to a cluster; the YAML
+    written with `renderYamlTo` carries no annotation only Pulumi's apply reads."""
+    merged = {**(annotations or {}), **(PATCH_FORCE if cluster.render_yaml_to is None else {})}
+    return merged or None
 
 
 def kubernetes_provider(cluster: ClusterConfig) -> k8s.Provider:
@@ -37,7 +48,7 @@ def runtime_class(cluster: ClusterConfig) -> dict[str, Any] | None:
     if cluster.runtime_class_name is None:
         return None
     return dict(
-        metadata=k8s.meta.v1.ObjectMetaArgs(name=cluster.runtime_class_name, labels=PART_OF),
+        metadata=k8s.meta.v1.ObjectMetaArgs(name=cluster.runtime_class_name, labels=PART_OF, annotations=applied_annotations(cluster)),
         handler="nvidia",
         # Pods of this class only fit GPU nodes: the scheduler adds this selector to them.
         scheduling=k8s.node.v1.SchedulingArgs(node_selector={"nvidia.com/gpu.present": "true"}),
@@ -70,7 +81,9 @@ def device_plugin(cluster: ClusterConfig) -> dict[str, Any] | None:
         volume_mounts=[k8s.core.v1.VolumeMountArgs(name="device-plugin", mount_path="/var/lib/kubelet/device-plugins")],
     )
     return dict(
-        metadata=k8s.meta.v1.ObjectMetaArgs(name="nvidia-device-plugin", namespace=plugin.namespace, labels=DEVICE_PLUGIN_LABELS),
+        metadata=k8s.meta.v1.ObjectMetaArgs(
+            name="nvidia-device-plugin", namespace=plugin.namespace, labels=DEVICE_PLUGIN_LABELS, annotations=applied_annotations(cluster)
+        ),
         spec=k8s.apps.v1.DaemonSetSpecArgs(
             selector=k8s.meta.v1.LabelSelectorArgs(match_labels=selector),
             update_strategy=k8s.apps.v1.DaemonSetUpdateStrategyArgs(type="RollingUpdate"),
@@ -126,7 +139,7 @@ def priority_class(cluster: ClusterConfig) -> dict[str, Any] | None:
     if config is None or not config.create:
         return None
     return dict(
-        metadata=k8s.meta.v1.ObjectMetaArgs(name=config.name, labels=PART_OF),
+        metadata=k8s.meta.v1.ObjectMetaArgs(name=config.name, labels=PART_OF, annotations=applied_annotations(cluster)),
         value=config.value,
         preemption_policy="PreemptLowerPriority",
         description="gpu-serving model servers: above batch workloads on the GPU nodes",
@@ -156,7 +169,9 @@ class ClusterBase(pulumi.ComponentResource):
         if cluster.create_namespace:
             namespace = k8s.core.v1.Namespace(
                 f"{name}-namespace",
-                metadata=k8s.meta.v1.ObjectMetaArgs(name=cluster.namespace, labels=namespace_labels(cluster)),
+                metadata=k8s.meta.v1.ObjectMetaArgs(
+                    name=cluster.namespace, labels=namespace_labels(cluster), annotations=applied_annotations(cluster)
+                ),
                 # Deleting a namespace deletes the model claim in it: keep it when the stack goes.
                 opts=pulumi.ResourceOptions(parent=self, retain_on_delete=True),
             )
@@ -183,7 +198,9 @@ class ClusterBase(pulumi.ComponentResource):
             # `rules.existing`); the adapter reads rules only at start, so restart it after a change.
             rules = k8s.core.v1.ConfigMap(
                 f"{name}-adapter-rules",
-                metadata=k8s.meta.v1.ObjectMetaArgs(name=adapter.config_map_name, namespace=adapter.namespace, labels=PART_OF),
+                metadata=k8s.meta.v1.ObjectMetaArgs(
+                    name=adapter.config_map_name, namespace=adapter.namespace, labels=PART_OF, annotations=applied_annotations(cluster)
+                ),
                 data={"config.yaml": args.adapter_rules},
                 opts=pulumi.ResourceOptions(parent=self),
             )

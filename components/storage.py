@@ -25,6 +25,8 @@ class ModelStorageArgs:
     namespace_ref: pulumi.Input[str] | None = None
     """The namespace as ClusterBase.namespace (the Namespace resource's output): the claim is created
     after the Namespace, and the volume waits on nothing else of the cluster (e.g. monitoring objects)."""
+    annotations: dict[str, str] | None = None
+    """Metadata annotations of the volume and the claim (components.cluster.applied_annotations)."""
 
 
 def access_mode(storage: LocalStorage | NfsStorage | ClassStorage) -> str:
@@ -131,7 +133,9 @@ class ModelStorage(pulumi.ComponentResource):
         if spec is not None:
             volume = k8s.core.v1.PersistentVolume(
                 f"{name}-pv",
-                metadata=k8s.meta.v1.ObjectMetaArgs(name=pv_name(args.namespace, storage.name), labels=LABELS),
+                metadata=k8s.meta.v1.ObjectMetaArgs(
+                    name=pv_name(args.namespace, storage.name), labels=LABELS, annotations=args.annotations
+                ),
                 spec=spec,
                 opts=pulumi.ResourceOptions.merge(keep, pulumi.ResourceOptions(depends_on=args.ready)),
             )
@@ -139,7 +143,10 @@ class ModelStorage(pulumi.ComponentResource):
         claim = k8s.core.v1.PersistentVolumeClaim(
             f"{name}-pvc",
             metadata=k8s.meta.v1.ObjectMetaArgs(
-                name=storage.name, namespace=args.namespace_ref if args.namespace_ref is not None else args.namespace, labels=LABELS
+                name=storage.name,
+                namespace=args.namespace_ref if args.namespace_ref is not None else args.namespace,
+                labels=LABELS,
+                annotations=args.annotations,
             ),
             spec=claim_spec(args),
             opts=pulumi.ResourceOptions.merge(

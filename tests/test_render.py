@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import kubernetes_validate
@@ -169,3 +170,17 @@ def test_a_mandatory_policy_violation_fails_the_render(tmp_path: Path) -> None:
     finally:
         render_module.policy_config = original  # type: ignore[assignment]
     assert "mandatory gpu-startup-probe" in (tmp_path / "policy.txt").read_text()
+
+
+def test_every_object_applied_to_a_cluster_takes_its_fields_back_from_a_hand_edit(render: Callable[..., Render], prod: Render) -> None:
+    """Server-side apply refuses a field a `kubectl patch` now owns unless the apply forces it: every
+    object the stack applies carries `pulumi.com/patchForce`, so `pulumi up` restores what it declares.
+    YAML written with `renderYamlTo` (applied by someone else) carries no such Pulumi-only annotation."""
+    applied = prod.kubernetes_resources()
+    assert len({r.type for r in applied}) >= 8
+    unforced = [r.urn for r in applied if (r.inputs["metadata"].get("annotations") or {}).get("pulumi.com/patchForce") != "true"]
+    assert not unforced, f"objects a hand edit would lock out of `pulumi up`: {unforced}"
+    cluster = {**yaml.safe_load((ROOT / "Pulumi.prod.yaml").read_text())["config"]["gpu-serving:cluster"], "renderYamlTo": "out"}
+    del cluster["kubeconfig"]
+    written = [r for r in render(cluster=cluster).kubernetes_resources() if not r.type.endswith("Patch")]
+    assert written and not [r.urn for r in written if "pulumi.com/patchForce" in (r.inputs["metadata"].get("annotations") or {})]

@@ -5,6 +5,7 @@ printed: every block e2e runs is there, a curl of a keyed model's /v1 sends the 
 from __future__ import annotations
 
 import re
+import subprocess
 
 import pytest
 
@@ -60,3 +61,16 @@ def test_every_stack_output_the_readme_names_exists(prod: Render) -> None:
     named = set(re.findall(r"pulumi stack output (?:--json )?([A-Za-z][A-Za-z0-9]*)", readme))
     assert {"nodes", "models"} <= named
     assert named <= set(prod.outputs), f"README names outputs the stack does not have: {sorted(named - set(prod.outputs))}"
+
+
+def test_kubectl_column_paths_keep_their_escaped_dots_through_the_shell() -> None:
+    """`nvidia\\.com/gpu` is one key to kubectl only if the backslash reaches it: unquoted, the
+    shell drops it and the column reads the path nvidia → com/gpu, `<none>` on every node."""
+    texts = [(ROOT / name).read_text() for name in ("README.md", "docs/failure-modes.md")]
+    commands = [c for text in texts for c in re.findall(r"kubectl [^`\n]*\\\.[^`\n]*", text)]
+    assert commands
+    for command in commands:
+        # What bash hands kubectl: the arguments, one per line.
+        argv = subprocess.run(["bash", "-c", f"printf '%s\\n' {command.split(' ', 1)[1].split('#')[0]}"],
+                              capture_output=True, text=True, check=True).stdout
+        assert "\\." in argv, f"the shell removes the escape in: {command}"

@@ -393,7 +393,8 @@ def test_hpa_scales_on_the_queue_and_leaves_replicas_alone(render) -> None:  # t
     assert hpa["behavior"]["scaleDown"]["stabilizationWindowSeconds"] >= 600
     assert prod.of_type(SCALED_OBJECT) == []
     rules = one(prod, CONFIG_MAP)
-    assert rules["metadata"] == {"name": "gpu-serving-adapter-rules", "namespace": "monitoring", "labels": rules["metadata"]["labels"]}
+    assert rules["metadata"] == {"name": "gpu-serving-adapter-rules", "namespace": "monitoring", "labels": rules["metadata"]["labels"],
+                                 "annotations": {"pulumi.com/patchForce": "true"}}
     assert rules["data"]["config.yaml"] == serving.adapter_rules()
     assert prod.outputs["prometheusAdapterRules"] == "monitoring/gpu-serving-adapter-rules"
 

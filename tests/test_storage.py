@@ -24,7 +24,8 @@ def test_local_pv_is_pinned_retained_and_sized_from_the_partition(prod: Render) 
 def test_claim_binds_the_pv_by_name(prod: Render) -> None:
     (claim,) = prod.of_type(PVC)
     spec = claim.inputs["spec"]
-    assert claim.inputs["metadata"] == {"name": "models", "namespace": "ai", "labels": claim.inputs["metadata"]["labels"]}
+    assert claim.inputs["metadata"] == {"name": "models", "namespace": "ai", "labels": claim.inputs["metadata"]["labels"],
+                                        "annotations": {"pulumi.com/patchForce": "true"}}
     assert spec["volumeName"] == "ai-models"
     assert spec["storageClassName"] == ""
     # A floor the PV always has, not the volume's size: see test_growing_leaves_the_static_claim_alone.

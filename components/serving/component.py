@@ -8,6 +8,7 @@ from typing import Any
 import pulumi
 import pulumi_kubernetes as k8s
 
+from components.cluster import applied_annotations
 from components.serving.autoscaling import autoscaler, hpa_spec, scaled_object
 from components.serving.credentials import api_key_annotation
 from components.serving.drain import disruption_budget_spec
@@ -81,7 +82,9 @@ class VllmService(pulumi.ComponentResource):
         in_namespace = args.namespace if args.namespace is not None else namespace
 
         def meta(object_name: str, component: str) -> k8s.meta.v1.ObjectMetaArgs:
-            return k8s.meta.v1.ObjectMetaArgs(name=object_name, namespace=in_namespace, labels=labels(model, component))
+            return k8s.meta.v1.ObjectMetaArgs(
+                name=object_name, namespace=in_namespace, labels=labels(model, component), annotations=applied_annotations(cluster)
+            )
 
         child = pulumi.ResourceOptions(parent=self)
         uses_api_key = model.api_key_secret is not None
@@ -157,7 +160,7 @@ class VllmService(pulumi.ComponentResource):
                     name=metadata.name,
                     namespace=metadata.namespace,
                     labels=metadata.labels,
-                    annotations=ingress_annotations(model, cluster),
+                    annotations=applied_annotations(cluster, ingress_annotations(model, cluster)),
                 ),
                 spec=ingress_spec(model, cluster),
                 opts=pulumi.ResourceOptions(parent=self, depends_on=[service]),
@@ -180,7 +183,8 @@ class VllmService(pulumi.ComponentResource):
 
         def monitoring_meta(object_name: str) -> k8s.meta.v1.ObjectMetaArgs:
             return k8s.meta.v1.ObjectMetaArgs(
-                name=object_name, namespace=in_namespace, labels={**labels(model, "monitoring"), **monitoring.labels}
+                name=object_name, namespace=in_namespace, labels={**labels(model, "monitoring"), **monitoring.labels},
+                annotations=applied_annotations(cluster),
             )
 
         if monitoring.pod_monitor:

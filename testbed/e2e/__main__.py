@@ -23,16 +23,7 @@ OUT = ROOT / "e2e-out"
 # Day-two checks written but not yet passing against the real API server, each with what its first
 # run found (issue #21). `make e2e` leaves them out and lists them in the report under "pending";
 # `--with-pending` runs them.
-PENDING = {
-    "runbook-check": "the README's `kubectl get nodes` GPU column came back without the lab node's row under e2e's kubeconfig",
-    "refresh-drift": "after a hand edit (`kubectl patch` of the Service's targetPort) `pulumi up` fails: server-side apply "
-                     "conflict with the field manager kubectl-patch; the program does not take the field back, and every "
-                     "later up of the stack fails the same way",
-    "drain-node": "the evicted pod's grace period was not observed (kwok deletes it at once)",
-    "add-node": "not yet run on a clean stack (failed on refresh-drift's conflict)",
-    "change-revision": "not yet run on a clean stack (failed on refresh-drift's conflict)",
-    "upgrade-image": "not yet run on a clean stack (failed on refresh-drift's conflict)",
-}
+PENDING: dict[str, str] = {}
 
 
 def main(argv: list[str] | None = None) -> int:
