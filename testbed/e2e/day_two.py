@@ -303,8 +303,9 @@ class DayTwoEndToEnd(ClusterEndToEnd):
         require(template["terminationGracePeriodSeconds"] == want["terminationGracePeriodSeconds"],
                 f"the live template's grace period is {template['terminationGracePeriodSeconds']}, the render's "
                 f"{want['terminationGracePeriodSeconds']}")
-        pods_before = set(self.pods())
-        pods_before_names = {p["metadata"]["name"] for p in self.pods().values()}
+        serving = self.pods()
+        pods_before = set(serving)
+        pods_before_names = {p["metadata"]["name"] for p in serving.values()}
         events = self.tmp / "drain-node-events.jsonl"
         watch = subprocess.Popen(
             [f"{self.cluster_env['GS_CLUSTER_BIN']}/kubectl", "get", "pods", "-n", NAMESPACE, "-w", "-o",

@@ -34,7 +34,7 @@ SKIP_REASON = "VM test: boots a Debian VM under qemu (minutes); set GS_VM_TESTS=
 
 # make test-vm runs one module per worker (pytest-xdist --dist loadfile) and hands out modules in
 # collection order: the longest first, so no long module starts last while the other worker idles.
-# Measured minutes per module are in README.md ("Speed"); a module not listed runs after these.
+# The slowest tests of a measured run are in tests/vm/README.md ("Speed"); a module not listed runs after these.
 SLOWEST_FIRST = (
     "test_disk_adopt.py",
     "test_node_scripts.py",
