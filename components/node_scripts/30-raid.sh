@@ -38,7 +38,15 @@ for disk in "${GS_DISKS[@]}"; do
   members+=("$PART_DEV") kinds+=("$SB_KIND") uuids+=("$SB_UUID")
 done
 if [[ ${kinds[0]}${kinds[1]} == oursours && ${uuids[0]} != "${uuids[1]}" ]]; then
-  die "${members[0]} and ${members[1]} belong to different arrays (${uuids[0]}, ${uuids[1]}); zero the stale one ('mdadm --zero-superblock PARTITION') and run again"
+  # The current one runs, or is the one mdadm.conf lists: the other is stale.
+  conf_uuid
+  stale=""
+  for i in 0 1; do
+    md_of "${members[i]}"
+    [[ -n $stale || ! (-n $MD_OF || ${uuids[i]} == "$CONF_UUID") ]] || stale=${members[1 - i]}
+  done
+  [[ -z $stale ]] || die "${members[0]} and ${members[1]} belong to different arrays (${uuids[0]}, ${uuids[1]}); $stale is the stale one (the other runs or is the one $MDADM_CONF lists). Check it holds nothing you need ('mdadm --examine $stale'), then 'mdadm --zero-superblock $stale' and run pulumi up again"
+  die "${members[0]} and ${members[1]} belong to different arrays (${uuids[0]}, ${uuids[1]}), neither running nor listed in $MDADM_CONF; compare 'mdadm --examine ${members[0]} ${members[1]}' (Update Time, Events), zero the older one ('mdadm --zero-superblock PARTITION') and run pulumi up again"
 fi
 uuid=${uuids[0]:-${uuids[1]}}
 
@@ -84,8 +92,12 @@ else
   say "creating RAID1 $md from ${members[*]}"
   mdadm --create "$md" --name="$GS_RAID_NAME" --metadata=1.2 --level=1 --raid-devices=2 \
     --bitmap=internal --homehost=any --run "${members[@]}"
+  # From the member's superblock, not /dev/md/<name>: udev may not have made that link yet. Synced,
+  # so a crash cannot leave an empty record (the filesystem step formats only what it names).
+  created=$(mdadm --examine --export "${members[0]}" 2>/dev/null | sed -n 's/^MD_UUID=//p') || true
+  [[ -n $created ]] || die "mdadm created $md but ${members[0]} shows no array UUID; check 'mdadm --examine ${members[0]}' and 'cat /proc/mdstat', then run pulumi up again"
   mkdir -p "${new_array%/*}"
-  mdadm --detail --export "$md" | sed -n 's/^MD_UUID=//p' >"$new_array"
+  write_atomic "$new_array" 644 "$created"$'\n'
   changed=1
 fi
 udevadm settle --timeout=30 || true
@@ -127,7 +139,7 @@ mdadm_conf
 line="ARRAY $md metadata=1.2 UUID=$uuid name=$md_name"
 found=0
 if [[ -r $MDADM_CONF ]]; then
-  while read -r word dev rest; do
+  while read -r word dev rest || [[ -n $word ]]; do
     [[ $word == ARRAY ]] || continue
     if [[ " $rest " == *" UUID=$uuid "* ]]; then
       found=1
@@ -142,6 +154,8 @@ if ((found)); then
 else
   say "adding to $MDADM_CONF: $line"
   mkdir -p "${MDADM_CONF%/*}"
+  # A file that does not end in a newline would otherwise get the line glued onto its last one.
+  [[ ! -s $MDADM_CONF || -z $(tail -c1 "$MDADM_CONF") ]] || printf '\n' >>"$MDADM_CONF"
   printf '%s\n' "$line" >>"$MDADM_CONF"
   changed=1
 fi

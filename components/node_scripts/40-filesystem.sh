@@ -4,7 +4,8 @@ set -euo pipefail
 # only on an array that has never carried data: one the raid step (30) created and whose XFS has
 # not been made yet (it leaves the array's UUID in /var/lib/gpu-serving/<name>.new-array).
 # - XFS found: kept ("unchanged"), unless mkfs.xfs was killed before it finished (sb_inprogress=1,
-#   which libblkid ignores and the kernel refuses to mount): then it is made again.
+#   which libblkid ignores and the kernel refuses to mount) on an array the raid step created: then
+#   it is made again.
 # - anything else found, by `blkid -p` or by `wipefs -n` (which also reports signatures with a bad
 #   checksum that blkid rejects, e.g. an XFS v5 superblock with one flipped byte): refused.
 # - nothing found on an array we did not just create (a damaged superblock can hide a whole
@@ -33,6 +34,16 @@ probe() {
   done <<<"$out"
 }
 
+# fresh_array: true when the record names the array's UUID: the raid step created it and no XFS was
+# finished on it since. Sets UUID (the array's) for messages.
+fresh_array() {
+  local created=""
+  UUID=$(mdadm --detail --export "$md" 2>/dev/null | sed -n 's/^MD_UUID=//p') || true
+  # A record without a final newline still names it; an empty one (a crash) names nothing.
+  [[ ! -r $new_array ]] || read -r created <"$new_array" || true
+  [[ -n $UUID && $created == "$UUID" ]]
+}
+
 make_xfs() {
   mkfs.xfs -q "$md"
   udevadm settle --timeout=30 || true
@@ -47,7 +58,9 @@ if [[ $FS_TYPE == xfs ]]; then
   inprogress=$(xfs_db -r -c 'sb 0' -c 'p inprogress' "$md" 2>&1) || die "xfs_db cannot read the XFS superblock of $md: $inprogress"
   if [[ $inprogress == "inprogress = 1" ]]; then
     # mkfs.xfs clears the flag as its last write; with it set, no mount ever succeeded, so the
-    # array holds nothing but the unfinished filesystem.
+    # array holds nothing but the unfinished filesystem. Only on an array the raid step created:
+    # a killed xfs_copy or xfs_mdrestore leaves the flag set too, on data someone may want.
+    fresh_array || die "$md holds an XFS whose superblock says it was never finished (sb_inprogress=1), but it is not an array this program has just created ($new_array does not name UUID ${UUID:-?}): an interrupted xfs_copy or xfs_mdrestore looks like this. Refusing to format it. Look first ('xfs_repair -n $md'); if it is truly disposable, 'echo $UUID > $new_array' and run pulumi up again"
     say "$md holds an XFS that mkfs.xfs never finished (sb_inprogress=1; the kernel refuses to mount it); making it again"
     wipefs -q -a -t xfs -- "$md"
     make_xfs
@@ -61,10 +74,7 @@ elif [[ -n $FS_TYPE || -n $PT_TYPE ]]; then
 else
   sigs=$(wipefs -n --noheadings --output TYPE,OFFSET -- "$md") || die "wipefs cannot read $md"
   [[ -z $sigs ]] || die "$md holds signatures that blkid does not accept (${sigs//$'\n'/, }): a damaged filesystem (bad checksum?), not an empty array. Refusing to format it. Check it with 'xfs_repair -n $md' (XFS) and repair it; if it is really disposable, 'wipefs -a $md' and run pulumi up again"
-  uuid=$(mdadm --detail --export "$md" 2>/dev/null | sed -n 's/^MD_UUID=//p')
-  created=""
-  [[ ! -r $new_array ]] || read -r created <"$new_array"
-  [[ -n $uuid && $created == "$uuid" ]] || die "$md shows no filesystem, but it is not an array this program has just created ($new_array does not name UUID ${uuid:-?}); a filesystem whose superblock is damaged looks like this. Refusing to format it. Look first: 'xfs_repair -n $md' finds an XFS by its backup superblocks. If the array is truly empty, 'echo $uuid > $new_array' and run pulumi up again"
+  fresh_array || die "$md shows no filesystem, but it is not an array this program has just created ($new_array does not name UUID ${UUID:-?}); a filesystem whose superblock is damaged looks like this. Refusing to format it. Look first: 'xfs_repair -n $md' finds an XFS by its backup superblocks. If the array is truly empty, 'echo $UUID > $new_array' and run pulumi up again"
   say "creating XFS on $md"
   make_xfs
   result=changed

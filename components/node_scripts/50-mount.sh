@@ -14,7 +14,7 @@ set -euo pipefail
 : "${GS_RAID_NAME:?}" "${GS_MOUNTPOINT:?}" "${GS_DEVICE_TIMEOUT:?}" "${GS_RUNTIME:?}"
 
 need_root
-need_tools blkid findmnt mount flock
+need_tools blkid findmnt mount mdadm flock
 node_lock
 md=/dev/md/$GS_RAID_NAME
 [[ -b $md ]] || die "$md does not exist; the raid step (30) must run first"
@@ -136,6 +136,10 @@ install_file() {
 units=0
 helper=/usr/local/sbin/gpu-serving-start-array
 unit=gpu-serving-array-$GS_RAID_NAME.service
+# The helper waits at most ~90 s for the disk (15 rounds of udev settle and a second), then mounts.
+BOOT_UNIT_TIMEOUT=180
+md_uuid=$(mdadm --detail --export "$md" 2>/dev/null | sed -n 's/^MD_UUID=//p') || true
+[[ -n $md_uuid ]] || die "mdadm shows no array UUID for $md; check 'mdadm --detail $md' and run pulumi up again"
 unit_arg() {
   local a=${1//\\/\\\\}
   a=${a//\"/\\\"}
@@ -151,9 +155,10 @@ if [[ -d /run/systemd/system ]]; then
   install_file "$helper" 755 '#!/bin/bash
 # Installed by gpu-serving (node step 50-mount). At boot: when the model RAID NAME was left
 # inactive because a member is missing, wait briefly for the disk, start the array degraded
-# and mount MOUNTPOINT. Does nothing when the array already runs.
+# and mount MOUNTPOINT. Does nothing when the array already runs. The array is known by its
+# superblock name or by its UUID (an adopted array keeps the name its builder gave it).
 set -u
-name=$1 mountpoint=$2
+name=$1 mountpoint=$2 uuid=${3:-none}
 for _ in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15; do
   [ -e "/dev/md/$name" ] && break
   udevadm settle --timeout=5
@@ -164,7 +169,7 @@ if [ ! -e "/dev/md/$name" ]; then
     [ -r "$state" ] && [ "$(cat "$state")" = inactive ] || continue
     md=${state%/md/array_state}
     md=/dev/${md##*/}
-    mdadm --detail --export "$md" 2>/dev/null | grep -q "^MD_NAME=\(.*:\)\?$name\$" || continue
+    mdadm --detail --export "$md" 2>/dev/null | grep -q -e "^MD_NAME=\(.*:\)\?$name\$" -e "^MD_UUID=$uuid\$" || continue
     echo "starting $md ($name) degraded: a member is missing"
     mdadm --run "$md"
   done
@@ -184,7 +189,9 @@ Before=${KUBE_UNITS[*]}
 [Service]
 Type=oneshot
 RemainAfterExit=yes
-ExecStart=$helper $q_name $q_mp
+# Bounded: a hung mdadm or mount must not hold the kubelet back (Before= orders, it does not require).
+TimeoutStartSec=$BOOT_UNIT_TIMEOUT
+ExecStart=$helper $q_name $q_mp $md_uuid
 
 [Install]
 WantedBy=multi-user.target

@@ -113,7 +113,7 @@ while IFS= read -r line; do
   if [[ $line =~ ^data[[:space:]]*=[[:space:]]*bsize=([0-9]+)[[:space:]]+blocks=([0-9]+) ]]; then
     bsize=${BASH_REMATCH[1]} blocks=${BASH_REMATCH[2]}
   fi
-done < <(xfs_info "$mp")
+done < <(LC_ALL=C xfs_info "$mp") # SSH sessions get the system locale: parse the C one
 ((bsize > 0)) || die "cannot read the XFS geometry of $mp (xfs_info)"
 read -r md_sectors <"/sys/block/$mdbase/size"
 if ((md_sectors * 512 - bsize * blocks >= 16 * MIB)); then

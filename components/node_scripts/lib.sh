@@ -240,7 +240,7 @@ conf_uuid() {
   CONF_UUID=""
   mdadm_conf
   [[ -r $MDADM_CONF ]] || return 0
-  while read -r word dev rest; do
+  while read -r word dev rest || [[ -n $word ]]; do
     [[ $word == ARRAY && $dev == "/dev/md/$GS_RAID_NAME" && " $rest " == *" UUID="* ]] || continue
     CONF_UUID=${rest#*UUID=}
     CONF_UUID=${CONF_UUID%% *}

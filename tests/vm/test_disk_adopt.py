@@ -7,7 +7,8 @@ file order:
     /dev/md1, XFS, its fstab and mdadm.conf lines, data) -> adopted with storage.adopt and grown:
     nothing created or formatted, data kept, one fstab and one ARRAY line -> a second run changes
     nothing -> a reboot brings it back as /dev/md/models, mounted -> a second array built by us
-    past the 2 TiB mark of the same disks.
+    past the 2 TiB mark of the same disks -> a boot with one disk missing starts the adopted array
+    degraded and mounts it.
 
 Skipped unless GS_VM_TESTS=1 (tests/vm/conftest.py).
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -146,3 +148,17 @@ def test_a_second_array_past_2_tib_on_the_same_disks(vm: Vm, node: dict[str, Any
     assert reports["40-filesystem"]["result"] == "changed"
     assert vm.ssh("findmnt -n -o FSTYPE /mnt/big").stdout.strip() == "xfs"
     assert sha(vm, f"{MOUNT}/model.safetensors") == node["data"]
+
+
+def test_a_boot_with_a_disk_missing_starts_the_adopted_array_degraded(vm: Vm, node: dict[str, Any]) -> None:
+    # The role named the array <host>:1; the boot unit must find it by UUID as well as by our name.
+    vm.stop()
+    vm.start(attach=[NAMES[0]])
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and vm.ssh(f"findmnt -n {MOUNT}", check=False).returncode != 0:
+        time.sleep(5)
+    diagnostics = vm.ssh("cat /proc/mdstat; journalctl -b --no-pager -u 'gpu-serving-array-*' | tail -20").stdout
+    assert vm.ssh(f"findmnt -n -o SOURCE {MOUNT}", check=False).stdout.strip() == vm.ssh(f"readlink -f {MD}").stdout.strip(), diagnostics
+    assert sha(vm, f"{MOUNT}/model.safetensors") == node["data"]
+    degraded = vm.ssh(f"cat /sys/block/$(basename $(readlink -f {MD}))/md/degraded").stdout.strip()
+    assert degraded == "1", diagnostics

@@ -1,0 +1,149 @@
+"""The files the node steps read and write between runs, in the states a crash or another tool
+leaves them (issue 25, items 3, 5, 7, 11): mdadm.conf without a final newline, the raid step's
+`.new-array` record empty or without its newline, an unfinished XFS on an array the raid step did
+not create, and the boot unit's start timeout.
+
+One VM with two blank 4 GiB disks. The record tests use a small scratch array on loop devices in
+the guest, so only the filesystem step runs on it. Skipped unless GS_VM_TESTS=1
+(tests/vm/conftest.py).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from harness import Vm
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from tools.render import run_program  # noqa: E402
+
+DISKS = ("gs-disk-a", "gs-disk-b")
+CONF = "/etc/mdadm/mdadm.conf"
+ORDER = ["10-preflight", "20-partition", "30-raid", "40-filesystem", "50-mount", "60-grow", "70-health"]
+SCRATCH = "/dev/md/scratch"
+RECORD = "/var/lib/gpu-serving/scratch.new-array"
+
+
+def steps_for(storage: dict[str, Any]) -> dict[str, str]:
+    import yaml
+
+    nodes = yaml.safe_load((ROOT / "Pulumi.prod.yaml").read_text())["config"]["gpu-serving:nodes"]
+    nodes[0]["storage"] = storage
+    render = run_program("prod", overrides={"gpu-serving:nodes": json.dumps(nodes), "gpu-serving:models": "[]"})
+    return {c.name.split(":", 1)[1]: c.inputs["create"] for c in render.of_type("command:remote:Command")}
+
+
+def report(stdout: str) -> dict[str, Any]:
+    lines = [line for line in stdout.splitlines() if line.startswith("{")]
+    assert lines, stdout
+    return json.loads(lines[-1])
+
+
+def errors(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("ERROR: ")]
+
+
+@pytest.fixture(scope="module")
+def node(vm: Vm) -> dict[str, Any]:
+    # A hand-edited mdadm.conf whose last line has no newline (editors and `echo -n` leave such files).
+    vm.ssh(f"printf '# edited by hand\\nHOMEHOST <system>\\nMAILADDR root' > {CONF}")
+    storage = {"disks": [vm.disk_id(d) for d in DISKS], "sizeGb": 1, "raidName": "models", "mountpoint": "/mnt/models"}
+    steps = steps_for(storage)
+    reports = {}
+    for name in ORDER:
+        result = vm.ssh(steps[name], check=False, timeout=900)
+        assert result.returncode == 0, (name, result.stdout, result.stderr)
+        reports[name] = report(result.stdout)
+    return {"steps": steps, "reports": reports, "scratch": steps_for({**storage, "raidName": "scratch"})}
+
+
+def conf_lines(vm: Vm) -> list[str]:
+    return vm.ssh(f"cat {CONF}").stdout.splitlines()
+
+
+def test_an_array_line_goes_on_a_line_of_its_own(vm: Vm, node: dict[str, Any]) -> None:
+    uuid = node["reports"]["30-raid"]["uuid"]
+    lines = conf_lines(vm)
+    assert "MAILADDR root" in lines, lines
+    arrays = [line for line in lines if line.startswith("ARRAY")]
+    assert len(arrays) == 1 and arrays[0].startswith(f"ARRAY /dev/md/models metadata=1.2 UUID={uuid} "), lines
+
+
+def test_an_array_line_without_a_final_newline_is_still_found(vm: Vm, node: dict[str, Any]) -> None:
+    # Its mtime kept: a newer mdadm.conf than the initramfs would (rightly) refresh the initramfs.
+    vm.ssh(f"t=$(stat -c %Y {CONF}) && truncate -s -1 {CONF} && touch -d @$t {CONF}")
+    assert vm.ssh(f"tail -c1 {CONF}").stdout != "\n"
+    result = vm.ssh(node["steps"]["30-raid"], check=False, timeout=900)
+    assert result.returncode == 0, result.stderr
+    assert report(result.stdout)["result"] == "unchanged"
+    assert len([line for line in conf_lines(vm) if line.startswith("ARRAY")]) == 1, conf_lines(vm)
+
+
+@pytest.fixture(scope="module")
+def scratch(vm: Vm, node: dict[str, Any]) -> str:
+    """A RAID1 of two 320 MiB loop devices named like ours, without a filesystem; its UUID."""
+    vm.run_script(
+        "set -euo pipefail\n"
+        "truncate -s 320M /root/scratch0 /root/scratch1\n"
+        "a=$(losetup -f --show /root/scratch0); b=$(losetup -f --show /root/scratch1)\n"
+        f"mdadm --create {SCRATCH} --name=scratch --level=1 --raid-devices=2 --metadata=1.2 --homehost=any --run $a $b\n"
+        "udevadm settle\n"
+    )
+    return vm.ssh(f"mdadm --detail --export {SCRATCH} | sed -n 's/^MD_UUID=//p'").stdout.strip()
+
+
+def filesystem_step(vm: Vm, node: dict[str, Any]) -> Any:
+    return vm.ssh(node["scratch"]["40-filesystem"], check=False, timeout=300)
+
+
+def fs_uuid(vm: Vm) -> str:
+    return vm.ssh(f"blkid -p -s UUID -o value {SCRATCH}", check=False).stdout.strip()
+
+
+def test_an_empty_record_is_refused_with_one_error_line(vm: Vm, node: dict[str, Any], scratch: str) -> None:
+    # What a crash between mdadm --create and the record's write could leave.
+    vm.ssh(f"mkdir -p /var/lib/gpu-serving && : > {RECORD}")
+    result = filesystem_step(vm, node)
+    assert result.returncode != 0
+    assert len(errors(result.stderr)) == 1 and "not an array this program has just created" in result.stderr, result.stderr
+    assert fs_uuid(vm) == ""  # nothing formatted
+
+
+def test_a_record_without_its_newline_still_names_the_array(vm: Vm, node: dict[str, Any], scratch: str) -> None:
+    vm.ssh(f"printf %s {scratch} > {RECORD}")
+    result = filesystem_step(vm, node)
+    assert result.returncode == 0, result.stderr
+    assert report(result.stdout)["result"] == "changed" and fs_uuid(vm)
+    assert vm.ssh(f"test -e {RECORD}", check=False).returncode == 1  # consumed once XFS is made
+
+
+def test_an_unfinished_xfs_on_an_array_we_did_not_just_create_is_kept(vm: Vm, node: dict[str, Any], scratch: str) -> None:
+    # An interrupted xfs_copy or xfs_mdrestore leaves sb_inprogress=1 too, over data. No record.
+    before = fs_uuid(vm)
+    assert before, "the previous test made XFS on the scratch array"
+    vm.ssh(f"xfs_db -x -c 'sb 0' -c 'write inprogress 1' {SCRATCH} >/dev/null")
+    assert "inprogress = 1" in vm.ssh(f"xfs_db -r -c 'sb 0' -c 'p inprogress' {SCRATCH}").stdout
+    result = filesystem_step(vm, node)
+    assert result.returncode != 0
+    assert len(errors(result.stderr)) == 1 and "sb_inprogress=1" in result.stderr, result.stderr
+    assert fs_uuid(vm) == before  # not made again
+    # With the record naming the array (what the raid step leaves when mkfs was killed), it is redone.
+    vm.ssh(f"echo {scratch} > {RECORD}")
+    result = filesystem_step(vm, node)
+    assert result.returncode == 0, result.stderr
+    assert fs_uuid(vm) not in ("", before)
+
+
+def test_the_boot_unit_cannot_hold_the_kubelet_back_forever(vm: Vm, node: dict[str, Any]) -> None:
+    # Type=oneshot has no start timeout by default: a hung mdadm or mount would block the kubelet at boot.
+    unit = "gpu-serving-array-models.service"
+    assert vm.ssh(f"systemctl show -p TimeoutStartUSec --value {unit}").stdout.strip() == "3min"
+    assert "kubelet.service" in vm.ssh(f"systemctl show -p Before --value {unit}").stdout
+    assert "kubelet.service" not in vm.ssh(f"systemctl show -p RequiredBy -p RequisiteOf --value {unit}").stdout
