@@ -99,7 +99,7 @@ class VllmService(pulumi.ComponentResource):
                 f"{name}-secrets", metadata=meta(secret_name(model), "credentials"), type="Opaque", string_data=string_data, opts=child
             ))
 
-        pull_and_download = IMAGE_PULL_S + download_deadline_seconds(model.weights_gb)
+        pull_and_download = IMAGE_PULL_S + download_deadline_seconds(model.disk_gb)
         job = k8s.batch.v1.Job(
             f"{name}-download",
             metadata=meta(download_job_name(model), "model-download"),

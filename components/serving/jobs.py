@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import hashlib
+import json
 from typing import Any
 
 import pulumi
 import pulumi_kubernetes as k8s
 
+from components.serving.lora import adapters, download_repos, served_names
 from components.serving.names import DOWNLOAD_DIR, MARKER_DIR, PORT, STATE_DIR, labels, object_name, secret_name
 from components.serving.profile import NON_ROOT_UID, identity_env, non_root, pod_security_context
 from components.serving.server import (
@@ -42,7 +44,7 @@ deadline never cuts the script off before it can say what failed."""
 # `/health` can be green while inference fails (vllm#24207): ask for one real token. Values
 # arrive as env vars; the API key, when set, comes from the Secret and is never echoed. The wait
 # is bounded by the clock, not a try count: a hanging curl would stretch a count of tries.
-SMOKE_SCRIPT = r"""set -eu
+SMOKE_MODELS = r"""set -eu
 set -- -fsS --max-time "$REQUEST_TIMEOUT_S"
 if [ -n "${VLLM_API_KEY:-}" ]; then set -- "$@" -H "Authorization: Bearer ${VLLM_API_KEY}"; fi
 until_s=$(( $(date +%s) + HEALTH_WAIT_S ))
@@ -55,13 +57,33 @@ case "$models" in
   *"\"id\":\"$MODEL\""*) echo "served: $MODEL" ;;
   *) echo "/v1/models does not list $MODEL: $models" >&2; exit 1 ;;
 esac
-answer=$(curl "$@" -H "Content-Type: application/json" \
+"""
+
+
+SMOKE_ADAPTERS = r"""for adapter in $ADAPTERS; do
+  case "$models" in
+    *"\"id\":\"$adapter\""*) echo "served: $adapter" ;;
+    *) echo "/v1/models does not list the adapter $adapter: $models" >&2; exit 1 ;;
+  esac
+done
+"""
+"""With adapters: each name in `/v1/models` too (a missing one means vLLM never loaded it)."""
+
+
+SMOKE_COMPLETION = r"""answer=$(curl "$@" -H "Content-Type: application/json" \
   -d "{\"model\":\"$MODEL\",\"prompt\":\"Hello\",\"max_tokens\":1}" "$BASE/v1/completions")
 case "$answer" in
   *'"choices"'*) echo "inference answered: $answer" ;;
   *) echo "no completion from $MODEL: $answer" >&2; exit 1 ;;
 esac
 """
+
+
+SMOKE_SCRIPT = SMOKE_MODELS + SMOKE_COMPLETION
+
+
+def smoke_script(model: Model) -> str:
+    return SMOKE_MODELS + SMOKE_ADAPTERS + SMOKE_COMPLETION if adapters(model) else SMOKE_SCRIPT
 
 
 EXIT_AUTH = 10
@@ -115,6 +137,26 @@ marker.parent.mkdir(parents=True, exist_ok=True)
 marker.write_text(path + "\\n")
 print(f"{repo}@{marker.stem.split('@')[-1]} ready in {path}")
 """
+
+
+# With adapters, the one-repository script above runs once per repository (the adapters, then the
+# model), each with its own marker, resume and exit codes; the first failure stops the Job with its code.
+EACH_REPO_SCRIPT = """\
+import json, os, subprocess, sys
+for repo, revision in json.loads(os.environ["GS_REPOS"]):
+    code = subprocess.call([sys.executable, "-c", sys.argv[1]], env={**os.environ, "GS_REPO": repo, "GS_REVISION": revision})
+    if code:
+        sys.exit(code)
+"""
+
+
+def download_command(model: Model) -> tuple[list[str], list[k8s.core.v1.EnvVarArgs]]:
+    """The download container's command and the env it adds: the one-repository script as it is
+    for a model alone, looped over the adapters and the model otherwise."""
+    if not adapters(model):
+        return ["python3", "-c", DOWNLOAD_SCRIPT], []
+    repos = json.dumps([list(repo) for repo in download_repos(model)], separators=(",", ":"))
+    return ["python3", "-c", EACH_REPO_SCRIPT, DOWNLOAD_SCRIPT], [k8s.core.v1.EnvVarArgs(name="GS_REPOS", value=repos)]
 
 
 def smoke_job_name(model: Model) -> str:
@@ -180,11 +222,12 @@ def download_failure_policy() -> k8s.batch.v1.PodFailurePolicyArgs:
 
 def job_spec(model: Model, cluster: ClusterConfig, claim_name: pulumi.Input[str], storage_is_local: bool) -> k8s.batch.v1.JobSpecArgs:
     """The download Job. The marker file makes a re-run of a finished download a no-op."""
+    command, repos_env = download_command(model)
     download = k8s.core.v1.ContainerArgs(
         name="download",
         image=model.image,  # ships huggingface_hub, and warms the image cache on the node
         image_pull_policy="IfNotPresent",
-        command=["python3", "-c", DOWNLOAD_SCRIPT],
+        command=command,
         env=[
             *token_env(model),
             k8s.core.v1.EnvVarArgs(name="HF_HUB_CACHE", value=DOWNLOAD_DIR),
@@ -193,6 +236,7 @@ def job_spec(model: Model, cluster: ClusterConfig, claim_name: pulumi.Input[str]
             k8s.core.v1.EnvVarArgs(name="GS_REPO", value=model.hugging_face_id),
             k8s.core.v1.EnvVarArgs(name="GS_REVISION", value=model.revision),
             k8s.core.v1.EnvVarArgs(name="GS_MARKER_DIR", value=MARKER_DIR),
+            *repos_env,
             *(k8s.core.v1.EnvVarArgs(name=k, value=v) for k, v in (identity_env("/tmp") if non_root(model) else {}).items()),
         ],
         resources=k8s.core.v1.ResourceRequirementsArgs(requests={"cpu": "500m", "memory": "1Gi"}, limits={"memory": "4Gi"}),
@@ -206,7 +250,7 @@ def job_spec(model: Model, cluster: ClusterConfig, claim_name: pulumi.Input[str]
         model,
         "model-download",
         backoff=3,
-        deadline_s=download_deadline_seconds(model.weights_gb),
+        deadline_s=download_deadline_seconds(model.disk_gb),
         container=download,
         as_server=True,
         pod_failure_policy=download_failure_policy(),
@@ -228,6 +272,7 @@ def smoke_job_spec(
     env = [
         k8s.core.v1.EnvVarArgs(name="BASE", value=f"http://{object_name(model)}.{namespace}.svc:{PORT}"),
         k8s.core.v1.EnvVarArgs(name="MODEL", value=model.name),
+        *([k8s.core.v1.EnvVarArgs(name="ADAPTERS", value=" ".join(served_names(model)[1:]))] if adapters(model) else []),
         k8s.core.v1.EnvVarArgs(name="HEALTH_WAIT_S", value=str(HEALTH_WAIT_S)),
         k8s.core.v1.EnvVarArgs(name="REQUEST_TIMEOUT_S", value=str(REQUEST_TIMEOUT_S)),
     ]
@@ -237,7 +282,7 @@ def smoke_job_spec(
         name="smoke-test",
         image=image,
         image_pull_policy="IfNotPresent",
-        command=["/bin/sh", "-c", SMOKE_SCRIPT],
+        command=["/bin/sh", "-c", smoke_script(model)],
         env=env,
         resources=k8s.core.v1.ResourceRequirementsArgs(requests={"cpu": "10m", "memory": "16Mi"}, limits={"cpu": "200m", "memory": "64Mi"}),
         security_context=read_only_security_context(run_as_non_root=True, run_as_user=100),

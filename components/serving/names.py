@@ -48,9 +48,12 @@ def labels(model: Model, component: str) -> dict[str, str]:
 
 
 def download_job_name(model: Model) -> str:
-    """Named after what it downloads: a new (id, revision) is a new Job, which Pulumi creates and
+    """Named after what it downloads (the model and its adapters): a new (id, revision) is a new Job, which Pulumi creates and
     awaits. Jobs are immutable, so re-running a failed one is `pulumi up --replace <its URN>`."""
-    digest = hashlib.sha256(f"{model.hugging_face_id}@{model.revision}".encode()).hexdigest()[:8]
+    fetched = f"{model.hugging_face_id}@{model.revision}"
+    if model.lora:  # a model alone keeps the name it always had
+        fetched += "".join(f" {a.hugging_face_id}@{a.revision}" for a in model.lora.adapters)
+    digest = hashlib.sha256(fetched.encode()).hexdigest()[:8]
     return f"{object_name(model)}-dl-{digest}"
 
 

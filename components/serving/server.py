@@ -7,6 +7,7 @@ import pulumi_kubernetes as k8s
 
 from components.serving.autoscaling import autoscaler
 from components.serving.drain import grace_period_seconds, lifecycle, shutdown_args
+from components.serving.lora import lora_args, lora_env
 from components.serving.names import DOWNLOAD_DIR, MODEL_MOUNT, PORT, labels, secret_name, selector_labels
 from components.serving.profile import container_security_context, pod_security_context, profile_env, scratch_volumes
 from components.serving.sizing import PROBE_PERIOD_S, deployment_timeout_seconds, memory_limit, shm_size_gi, startup_budget_seconds
@@ -30,6 +31,7 @@ def container_args(model: Model) -> list[str]:
         f"--gpu-memory-utilization={model.gpu_memory_utilization:g}",
         f"--max-model-len={model.max_model_len}",
         *shutdown_args(model),
+        *lora_args(model),
         *model.extra_args,
     ]
 
@@ -83,6 +85,7 @@ def server_env(model: Model, api_key: bool) -> list[k8s.core.v1.EnvVarArgs]:
         k8s.core.v1.EnvVarArgs(name="HF_HUB_OFFLINE", value="1"),
         *(k8s.core.v1.EnvVarArgs(name=k, value=v) for k, v in NO_TELEMETRY.items()),
         *(k8s.core.v1.EnvVarArgs(name=k, value=v) for k, v in profile_env(model).items()),
+        *(k8s.core.v1.EnvVarArgs(name=k, value=v) for k, v in lora_env(model).items()),
     ]
     if api_key:
         env.append(secret_env("VLLM_API_KEY", secret_name(model), "api-key"))

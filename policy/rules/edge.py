@@ -154,6 +154,31 @@ def check_edge_auth(resources: list[Resource], cfg: Mapping) -> Iterator[tuple[R
                 f"an Ingress, authenticate at the edge ({auth_keys[0] if auth_keys else 'auth annotations'}).")
 
 
+# --- no runtime LoRA loading at the edge -----------------------------------------------------------
+
+RUNTIME_LORA_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
+
+
+def loads_adapters_at_runtime(container: Mapping) -> bool:
+    """vLLM turns the load/unload endpoints on for `1` or `true`, in any case."""
+    return (k8s.env_literal(container, RUNTIME_LORA_ENV) or "").strip().lower() in ("1", "true")
+
+
+def check_edge_runtime_lora(resources: list[Resource], _cfg: Mapping) -> Iterator[tuple[Resource, str]]:
+    for edge, behind in _edges(resources):
+        try:
+            updating = sorted({f"{w.resource.kind}/{w.name}" for ws in behind.values() for w in ws
+                               if any(k8s.is_vllm_server(c) and loads_adapters_at_runtime(c) for c in k8s.containers(w.spec))})
+        except Unknown:
+            continue
+        if updating:
+            yield edge, (
+                f"exposes {', '.join(updating)}, which load LoRA adapters at runtime ({RUNTIME_LORA_ENV}): "
+                f"/v1/load_lora_adapter and /v1/unload_lora_adapter sit under the /v1 the edge forwards, behind the same key "
+                f"as inference, so any client can change what the model answers, and what it loads is lost on restart. "
+                f"Remove {RUNTIME_LORA_ENV} and list the adapters with --lora-modules.")
+
+
 # --- streaming through a Gateway -----------------------------------------------------------------
 
 def duration_seconds(value: str) -> float | None:
@@ -204,6 +229,9 @@ RULES = [
          MANDATORY, check_edge_auth,
          config={"authAnnotations": {"type": "array", "items": {"type": "string"}, "default": DEFAULT_AUTH_ANNOTATIONS,
                                      "description": "Ingress annotations that make the controller authenticate requests."}}),
+    Rule("edge-vllm-no-runtime-lora",
+         "Ingresses and HTTPRoutes in front of vLLM reach no server that loads LoRA adapters at runtime.",
+         MANDATORY, check_edge_runtime_lora),
     Rule("httproute-vllm-streaming",
          "HTTPRoutes to vLLM set request timeouts long enough for streamed answers.",
          MANDATORY, check_route_streaming,

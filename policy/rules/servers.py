@@ -3,6 +3,8 @@ serving, a read-only root filesystem, and what the config refuses, refused in an
 
 from __future__ import annotations
 
+import itertools
+import json
 import re
 from collections.abc import Iterator, Mapping
 
@@ -173,6 +175,62 @@ def check_vllm_server_flags(resource: Resource, _cfg: Mapping) -> Iterator[str]:
                        f"GPU's memory, above 0 and at most 1 (e.g. 0.90).")
 
 
+# --- LoRA adapters from the model volume -----------------------------------------------------------
+
+def lora_modules(tokens: list[str]) -> list[tuple[str, str]]:
+    """(name, path) of every `--lora-modules` value: `name=path`, or the JSON form
+    `{"name": …, "path": …}`; the flag takes values up to the next flag, and may repeat."""
+    values: list[str] = []
+    for i, token in enumerate(tokens):
+        if token.startswith("--lora-modules="):
+            values.append(token.split("=", 1)[1])
+        elif token == "--lora-modules":
+            values += itertools.takewhile(lambda t: not t.startswith("-"), tokens[i + 1:])
+    found = []
+    for value in values:
+        try:
+            module = json.loads(value) if value.lstrip().startswith("{") else None
+        except ValueError:
+            module = None
+        if isinstance(module, Mapping):
+            found.append((str(module.get("name")), str(module.get("path"))))
+        else:
+            name, _, path = value.partition("=")
+            found.append((name, path))
+    return found
+
+
+def lora_tokens(container: Mapping) -> list[str]:
+    """The command line as `argv` splits it, but a JSON value kept whole (it holds spaces)."""
+    tokens: list[str] = []
+    for item in [*as_list(container.get("command")), *as_list(container.get("args"))]:
+        text = str(item)
+        tokens += [text] if text.lstrip().startswith("{") else k8s.argv({"args": [text]})
+    return tokens
+
+
+def check_lora_modules(resource: Resource, _cfg: Mapping) -> Iterator[str]:
+    spec = k8s.pod_template(resource)
+    vols = k8s.volumes(spec or {})
+    for c in k8s.containers(spec or {}):
+        if not k8s.is_vllm_server(c):
+            continue
+        for name, path in lora_modules(lora_tokens(c)):
+            where = f"container '{container_name(c)}': LoRA adapter '{name}' at {path!r}"
+            mount = k8s.mount_for(path, c) if path.startswith("/") else None
+            volume = vols.get(str(mount.get("name")), {}) if mount is not None else {}
+            if not path.startswith("/"):
+                yield (f"{where} is not a path: vLLM fetches it from the Hugging Face hub at every start (an "
+                       f"offline server fails). Download it to the model volume and give the snapshot folder.")
+            elif mount is None:
+                yield (f"{where} is not on a mounted volume: the container layer holds no adapter, so vLLM stops "
+                       f"at start. Give a path under the model volume's mount (e.g. /models/hub/...).")
+            elif "persistentVolumeClaim" not in volume:
+                yield (f"{where} is on volume '{mount.get('name')}', which is not the model volume (a "
+                       f"PersistentVolumeClaim): the adapter is gone or differs on another node or after a restart. "
+                       f"Download it to the model volume and give its path there.")
+
+
 RULES = [
     Rule("vllm-graceful-drain",
          "vLLM server pods hold SIGTERM back with a preStop and get a grace period ≥ preStop + drain time.",
@@ -189,6 +247,9 @@ RULES = [
          MANDATORY, check_writable_paths, k8s.WORKLOADS),
     Rule("vllm-server-gpu", "A vLLM server container has an nvidia.com/gpu limit.",
          MANDATORY, check_vllm_server_gpu, k8s.WORKLOADS),
+    Rule("vllm-lora-modules-on-volume",
+         "A vLLM server loads its --lora-modules from absolute paths on a PersistentVolumeClaim (the model volume).",
+         MANDATORY, check_lora_modules, k8s.WORKLOADS),
     Rule("vllm-server-flags",
          "A vLLM server has no literal --api-key or --hf-token, no --disable-log-stats, no hand-set CUDA/NVIDIA_VISIBLE_DEVICES, "
          "and a --gpu-memory-utilization in (0, 1].",

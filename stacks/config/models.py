@@ -7,7 +7,17 @@ from typing import Annotated, Literal
 
 from pydantic import Field, StringConstraints, field_validator, model_validator
 
-from stacks.config.base import CIDR, IPV4, ImageRef, K8sName, LabelValue, SecretKeyName, _Model, refuse_loopback
+from stacks.config.base import (
+    CIDR,
+    COMMIT_SHA,
+    IPV4,
+    ImageRef,
+    K8sName,
+    LabelValue,
+    SecretKeyName,
+    _Model,
+    refuse_loopback,
+)
 from stacks.config.secrets import looks_like_secret_value
 
 
@@ -49,6 +59,57 @@ class Ingress(_Model):
         return url
 
 
+HF_REPO = r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$"
+REVISION = r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,99}$"
+
+
+LoraRank = Literal[8, 16, 32, 64, 128, 256, 320, 512]
+"""`--max-lora-rank` values every vLLM image from v0.11 on accepts (vLLM's LoRAConfig refuses any other;
+later releases also take 1, which v0.11 refuses)."""
+
+
+class LoraAdapter(_Model):
+    name: K8sName
+    """Name clients ask for (`"model": "<name>"`), listed by `/v1/models`; unique across the stack, model names included."""
+    hugging_face_id: str = Field(pattern=HF_REPO)
+    """Hugging Face repository of the adapter (PEFT format: `adapter_config.json` and the adapter weights), `org/name`."""
+    revision: str = Field(pattern=REVISION)
+    """Commit (40 hex) of the adapter's repository, always: the server's path is the snapshot folder named by it."""
+    weights_gb: float = Field(gt=0, le=10_000)
+    """Size of the adapter on disk; counted with the model's weights in the storage check and the download deadline."""
+
+    @field_validator("revision")
+    @classmethod
+    def _commit(cls, revision: str) -> str:
+        if not re.fullmatch(COMMIT_SHA, revision):
+            # Not even in a lab: the render must name the snapshot folder the server loads, and
+            # that folder is named by the commit a branch would only resolve to at download time.
+            raise ValueError("a branch or tag: pin the 40-hex commit (even with "
+                             "cluster.requireCommitRevisions: false, since --lora-modules names the snapshot folder of that commit)")
+        return revision
+
+
+class Lora(_Model):
+    max_loras: int = Field(1, ge=1, le=256)
+    """`--max-loras`: adapters one batch may use at once, each slot a GPU buffer of `maxLoraRank`;
+    at most the number of adapters (unless `runtimeUpdates`)."""
+    max_lora_rank: LoraRank = 16
+    """`--max-lora-rank`: the largest rank among the adapters (their `adapter_config.json` `r`); vLLM refuses a larger one."""
+    runtime_updates: bool = False
+    """Allow loading and unloading adapters through the API (`VLLM_ALLOW_RUNTIME_LORA_UPDATING`): those sit under `/v1`
+    behind the same key as inference and are lost on restart. Refused for a model with `ingress`."""
+    adapters: list[LoraAdapter] = Field(min_length=1)
+    """Adapters served on top of the model (`--lora-modules`), downloaded by its download Job."""
+
+    @model_validator(mode="after")
+    def _slots(self) -> Lora:
+        if not self.runtime_updates and self.max_loras > len(self.adapters):
+            raise _at_key("maxLoras", f"{self.max_loras}, but the model serves {len(self.adapters)} adapter(s): every slot "
+                          f"reserves GPU memory for a rank-{self.max_lora_rank} adapter that none would fill; "
+                          f"set maxLoras: {len(self.adapters)} or less")
+        return self
+
+
 class Replicas(_Model):
     min: int = Field(1, ge=0, le=100)
     """Fewest pods (at least 1: the queue metric comes from the pods)."""
@@ -86,6 +147,8 @@ BUNDLE_FLAGS = {
     "--hf-token": "hfTokenSecret (a literal would land in the manifest)",
     "--disable-log-stats": "nothing: it removes the queue metric autoscaling and monitoring read",
     "--shutdown-timeout": "the bundle (the drain time, from the stream timeout)",
+    "--enable-lora": "lora", "--lora-modules": "lora.adapters (downloaded to the volume by the download Job)",
+    "--max-loras": "lora.maxLoras", "--max-lora-rank": "lora.maxLoraRank",
 }
 # Environment the bundle sets; overriding it breaks offline start, the secrets or GPU isolation.
 BUNDLE_ENV = {
@@ -97,6 +160,7 @@ BUNDLE_ENV = {
     "VLLM_CACHE_ROOT": "the bundle (compile caches on the model volume)", "TRITON_CACHE_DIR": "the bundle (the model volume)",
     "TORCHINDUCTOR_CACHE_DIR": "the bundle (the model volume)", "XDG_CACHE_HOME": "the bundle (the model volume)",
     "HOME": "securityProfile",
+    "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "lora.runtimeUpdates",
     "VLLM_NO_USAGE_STATS": "the bundle (serving pods never phone home)", "DO_NOT_TRACK": "the bundle (serving pods never phone home)",
 }
 # Object names are `vllm-<name>` plus suffixes up to `-dl-<8 hex>` (Job names are also pod label values: ≤ 63).
@@ -160,9 +224,9 @@ def check_extra_args(args: list[str]) -> None:
 class Model(_Model):
     name: K8sName
     """Kubernetes name of the model's objects and vLLM's `--served-model-name`."""
-    hugging_face_id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+    hugging_face_id: str = Field(pattern=HF_REPO)
     """Hugging Face repository, `org/name`."""
-    revision: str = Field("main", pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,99}$")
+    revision: str = Field("main", pattern=REVISION)
     """Commit (40 hex) of the repository; a branch or tag only where `cluster.requireCommitRevisions` is false (a lab)."""
     image: ImageRef = "vllm/vllm-openai:v0.11.0"
     """vLLM image with a release version tag or a digest (a moving tag such as `latest` or `nightly` is refused)."""
@@ -201,6 +265,13 @@ class Model(_Model):
     emptyDirs for HOME and /tmp; needs a `vX.Y` image tag of v0.11 or newer."""
     smoke_test: bool = True
     """After each rollout, a Job asks the model for one token; `pulumi up` fails when inference does not answer."""
+    lora: Lora | None = None
+    """LoRA adapters served on top of this model (`--enable-lora`); unset: none."""
+
+    @property
+    def disk_gb(self) -> float:
+        """What the model takes on the volume: its weights and its adapters'."""
+        return self.weights_gb + sum(a.weights_gb for a in self.lora.adapters) if self.lora else self.weights_gb
 
     @model_validator(mode="after")
     def _non_root_image(self) -> Model:

@@ -38,6 +38,7 @@ class StackConfig(_Model):
     def _cross_checks(self) -> StackConfig:
         _unique(self.nodes, "name", "nodes")
         _unique(self.models, "name", "models")
+        self._check_served_names()
         self._check_secret_roles()
         self._check_same_host_collisions()
         self._check_one_disk_one_node()
@@ -46,6 +47,18 @@ class StackConfig(_Model):
         self._check_runtimes()
         self._check_pod_security()
         return self
+
+    def _check_served_names(self) -> None:
+        # A client picks a model or an adapter by the same `"model"` field, and a shared edge or
+        # router lists them side by side: one name must mean one thing across the stack.
+        served = {model.name: f"models[{i}].name" for i, model in enumerate(self.models)}
+        for i, model in enumerate(self.models):
+            for j, adapter in enumerate(model.lora.adapters if model.lora else []):
+                path = f"models[{i}].lora.adapters[{j}].name"
+                other = served.setdefault(adapter.name, path)
+                if other != path:
+                    raise _at(path, f"{adapter.name!r} is already served as {other}; clients choose a model or an adapter "
+                                    "by this name, so it must be unique across the stack")
 
     def _check_pod_security(self) -> None:
         if self.cluster.pod_security.enforce != "restricted":
@@ -177,12 +190,13 @@ class StackConfig(_Model):
                     "the extra pods would stay Pending with 'Insufficient nvidia.com/gpu' — lower replicas.max or add nodes",
                 )
         self._check_per_node_fit()
-        total = sum(m.weights_gb for m in self.models)
+        total = sum(m.disk_gb for m in self.models)
         capacity_gb = self.capacity_gib * 2**30 / 10**9
+        weights = "weights and adapters" if any(m.lora for m in self.models) else "weights"
         if total > capacity_gb:
             raise _at(
                 "models",
-                f"the weights add up to {total:g} GB but the model volume holds {capacity_gb:.0f} GB "
+                f"the {weights} add up to {total:g} GB but the model volume holds {capacity_gb:.0f} GB "
                 f"({self.capacity_gib} GiB) — raise the partition size or the shared volume's sizeGi",
             )
         if self.model_storage.type != "local" or not self.models:
@@ -252,6 +266,12 @@ class StackConfig(_Model):
                 )
             if model.ingress is None:
                 continue
+            if model.lora and model.lora.runtime_updates:
+                # vLLM's load/unload endpoints sit under /v1, which the edge forwards, behind the same
+                # key as inference: every client could swap what the model answers with.
+                raise _at(f"models[{i}].lora.runtimeUpdates",
+                          "not for a model with ingress: /v1/load_lora_adapter sits under the /v1 the edge forwards, behind "
+                          "the same key as inference, and what it loads is lost on restart; list the adapters in lora.adapters")
             if self.cluster.edge == "gateway":
                 for key in ("auth_url", "tls_secret"):
                     if getattr(model.ingress, key) is not None:
