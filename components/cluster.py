@@ -27,9 +27,12 @@ def applied_annotations(cluster: ClusterConfig, annotations: dict[str, str] | No
 
 def kubernetes_provider(cluster: ClusterConfig) -> k8s.Provider:
     """Always an explicit provider: a stack never deploys to whatever the ambient kubeconfig points at.
-    With `renderYamlTo` the provider writes YAML into that folder and talks to no cluster."""
+    With `renderYamlTo` the provider writes YAML into that folder and talks to no cluster. Its kubeconfig
+    is given as "" (none): left out, the SDK takes the shell's `KUBECONFIG`, and the provider then
+    refuses the stack ("kubeconfig" arg is not compatible with "renderYamlToDirectory" arg)."""
     if cluster.render_yaml_to is not None:
-        return k8s.Provider("kubernetes", render_yaml_to_directory=cluster.render_yaml_to, namespace=cluster.namespace)
+        return k8s.Provider("kubernetes", render_yaml_to_directory=cluster.render_yaml_to, namespace=cluster.namespace,
+                            kubeconfig="")
     source = cluster.kubeconfig
     assert source is not None  # the config requires one of the two
     kubeconfig = stacks.secret(source.secret) if source.secret else source.path

@@ -24,7 +24,8 @@ The runtime step may restart the node's container runtime. Across the stack the 
 one node at a time (each waits for the previous node's, by node name; see `gpu_nodes`), so a
 release never restarts every node's runtime at once and stops at the first node that fails.
 
-Health is measured when the health step runs (first `up`, or when its inputs change); to measure
+Health is measured when the health step runs (first `up`, or when the disks, the array's name or the
+mountpoint change: a replaced disk is measured again); to measure
 again: `pulumi up --replace '<urn of <node>:70-health>'`. Shrinking is refused at config load,
 against the partition size the last grow step exported (`stacks.deployed_outputs`); preflight and
 grow refuse it again on the node, before any write.
@@ -63,7 +64,8 @@ STEP_PARAMS: dict[str, tuple[str, ...]] = {
     # The runtime names the unit that runs the kubelet: the mount is ordered before it.
     "50-mount": ("GS_RAID_NAME", "GS_MOUNTPOINT", "GS_DEVICE_TIMEOUT", "GS_RUNTIME"),
     "60-grow": ("GS_DISKS", "GS_RAID_NAME", "GS_PART_NAME", "GS_PART_BYTES"),
-    "70-health": ("GS_RAID_NAME", "GS_MOUNTPOINT"),
+    # The disks only so that a replaced disk is measured again (the script reads the array alone).
+    "70-health": ("GS_DISKS", "GS_RAID_NAME", "GS_MOUNTPOINT"),
     "80-runtime": ("GS_RUNTIME", "GS_SET_AS_DEFAULT"),
 }
 # What each step's delete script names when it explains what it kept (a subset of STEP_PARAMS).

@@ -160,6 +160,29 @@ def test_size_change_reruns_preflight_partition_and_grow_only(render):
     assert changed(before, scripts_with(render, sizeGb=1200)) == {"10-preflight", "20-partition", "60-grow"}
 
 
+def test_a_replaced_disk_reruns_the_disk_steps_and_health(render):
+    """The health output must describe the array after the replacement (the rebuild), not before it."""
+    before = scripts_with(render)
+    disks = [prod_nodes()[0]["storage"]["disks"][0], "/dev/disk/by-id/wwn-0x5000c500a0e1f2a3"]
+    assert changed(before, scripts_with(render, disks=disks)) == {"10-preflight", "20-partition", "30-raid", "60-grow", "70-health"}
+
+
+@pytest.mark.parametrize(("rc", "state", "health"), [
+    (0, "clean", "clean"),
+    (0, "clean, resyncing", "resyncing"),
+    (0, "active, resyncing (DELAYED)", "resyncing"),
+    # A replaced or re-added member being rebuilt: mdadm --test says degraded, nothing is left to do.
+    (1, "clean, degraded, recovering", "resyncing"),
+    (1, "clean, degraded", "degraded"),
+    (1, "active, degraded", "degraded"),
+    (2, "clean, FAILED", "failed"),
+    (4, "", "unknown"),
+])
+def test_array_health_from_mdadm(rc, state, health):
+    script = f"source {shlex.quote(str(SCRIPTS / 'lib.sh'))}; array_health {rc} {shlex.quote(state)}; echo $ARRAY_HEALTH"
+    assert subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True).stdout.strip() == health
+
+
 def test_timeout_change_reruns_only_mount(render):
     before = scripts_with(render)
     assert changed(before, scripts_with(render, deviceTimeoutSeconds=90)) == {"50-mount"}
@@ -375,7 +398,7 @@ def test_outputs_under_mocks_say_unknown(prod):
     assert not prod.warnings
 
 
-HEALTH = {
+ARRAY_HEALTH = {
     "step": "health", "result": "unchanged", "device": "/dev/md/models", "health": "degraded",
     "state": "clean, degraded", "activeDevices": 1, "raidDevices": 2, "arrayUuid": "a:b:c:d",
     "filesystemUuid": "f-u", "mountpoint": "/mnt/models", "mounted": True, "usableBytes": 1000,
@@ -383,7 +406,7 @@ HEALTH = {
 
 
 def test_parse_report_takes_the_last_json_line():
-    assert gpunode.parse_report("noise\n" + json.dumps(HEALTH) + "\n") == HEALTH
+    assert gpunode.parse_report("noise\n" + json.dumps(ARRAY_HEALTH) + "\n") == ARRAY_HEALTH
     assert gpunode.parse_report(None) is None
     assert gpunode.parse_report("") is None
     assert gpunode.parse_report("{broken") is None
@@ -391,7 +414,7 @@ def test_parse_report_takes_the_last_json_line():
 
 def test_degraded_health_is_an_output_and_a_warning():
     node = parse(parse_raw()).nodes[0]
-    out = gpunode.storage_outputs(json.dumps(HEALTH), None, node)
+    out = gpunode.storage_outputs(json.dumps(ARRAY_HEALTH), None, node)
     assert out["health"] == "degraded" and out["usableBytes"] == 1000 and out["arrayUuid"] == "a:b:c:d"
     warning = gpunode.health_warning(node.name, out)
     assert warning and "degraded" in warning
@@ -427,7 +450,7 @@ def test_degraded_stdout_warns_through_the_component():
         def new_resource(self, args):
             state = dict(args.inputs)
             if args.name.endswith(":70-health"):
-                state["stdout"] = "x\n" + json.dumps(HEALTH) + "\n"
+                state["stdout"] = "x\n" + json.dumps(ARRAY_HEALTH) + "\n"
             return f"{args.name}-id", state
 
         def call(self, args):
@@ -474,10 +497,10 @@ def render_sized(size_gb: int, outputs: dict[str, Any], **storage: Any):
 
 def test_partition_bytes_output_comes_from_the_grow_report():
     node = parse(parse_raw()).nodes[0]
-    out = gpunode.storage_outputs(json.dumps(HEALTH), "grew\n" + json.dumps(GROW), node)
+    out = gpunode.storage_outputs(json.dumps(ARRAY_HEALTH), "grew\n" + json.dumps(GROW), node)
     assert out["partitionBytes"] == partition_bytes(1000)
     assert out["disks"] == PROD_DISKS
-    assert gpunode.storage_outputs(json.dumps(HEALTH), None, node)["partitionBytes"] == gpunode.UNKNOWN
+    assert gpunode.storage_outputs(json.dumps(ARRAY_HEALTH), None, node)["partitionBytes"] == gpunode.UNKNOWN
 
 
 def test_smaller_size_than_deployed_is_a_config_error():

@@ -20,7 +20,7 @@ E2E_BLOCKS = set(re.findall(r'(?:run_block|change_model)\("([a-z0-9-]+)"', (ROOT
 def test_every_block_e2e_runs_is_marked_in_the_readme() -> None:
     assert {"check", "grow", "rotate-api-key", "rotate-hf-token", "add-model", "remove-model", "refresh-drift", "drain-node", "add-node",
                           "change-revision", "upgrade-image",
-                          "destroy-and-re-up"} <= E2E_BLOCKS
+                          "destroy-and-re-up", "replace-disk", "adopt-ansible"} <= E2E_BLOCKS
     blocks = runbook.blocks()
     assert set(blocks) >= E2E_BLOCKS, f"README lacks the blocks {sorted(E2E_BLOCKS - set(blocks))}"
     assert all(blocks[name] for name in E2E_BLOCKS), "an empty block"

@@ -181,14 +181,9 @@ fi
 
 rc=0
 mdadm --detail --test "$md" >/dev/null 2>&1 || rc=$?
-case $rc in
-  0) health=clean ;;
-  1) health=degraded ;;
-  2) health=failed ;;
-  *) health=unknown ;;
-esac
 state=$(mdadm --detail "$md" | sed -n 's/^ *State : *//; T; s/ *$//p')
-[[ $health != clean || $state != *resync* ]] || health=resyncing
+array_health "$rc" "$state"
+health=$ARRAY_HEALTH
 [[ $health != degraded ]] || warn "$md is degraded ($state): it works on one disk; replace the failed member and run pulumi up again to add it back"
 result=unchanged
 ((changed == 0)) || result=changed

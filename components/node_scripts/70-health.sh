@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 set -euo pipefail
 # Step 70, health (read-only): one JSON line with the array's state from `mdadm --detail --test`
-# (clean, resyncing, degraded, failed, absent), its UUID, the filesystem UUID, the mountpoint and
-# the usable bytes `df` reports. A degraded array still serves: the step succeeds and the stack
-# shows the state in its outputs and as a warning. The state is as of this step's last run
-# (`pulumi up --replace <this step's URN>` measures again); 'cat /proc/mdstat' is the live view.
+# (clean, resyncing, degraded, failed, absent; see array_health in lib.sh), its UUID, the
+# filesystem UUID, the mountpoint and the usable bytes `df` reports. A degraded array still serves:
+# the step succeeds and the stack shows the state in its outputs and as a warning. The state is as
+# of this step's last run, which is the first `up` and every one that changes the disks (GS_DISKS
+# is given for that alone: a replaced disk is measured again) or the array's name or mountpoint;
+# `pulumi up --replace <this step's URN>` measures again, 'cat /proc/mdstat' is the live view.
 : "${GS_RAID_NAME:?}" "${GS_MOUNTPOINT:?}"
 
 node_lock
@@ -14,12 +16,6 @@ health=absent mp="" state="" uuid="" fs_uuid="" mounted=false bytes=0 active=0 t
 if [[ -b $md ]]; then
   rc=0
   detail=$(mdadm --detail --test "$md" 2>/dev/null) || rc=$?
-  case $rc in
-    0) health=clean ;;
-    1) health=degraded ;;
-    2) health=failed ;;
-    *) health=unknown ;;
-  esac
   while IFS= read -r line; do
     line=${line#"${line%%[![:space:]]*}"}
     case $line in
@@ -29,7 +25,8 @@ if [[ -b $md ]]; then
       "Raid Devices : "*) total=${line#Raid Devices : } ;;
     esac
   done <<<"$detail"
-  [[ $health != clean || ($state != *resync* && $state != *recover*) ]] || health=resyncing
+  array_health "$rc" "$state"
+  health=$ARRAY_HEALTH
   while IFS= read -r line; do
     [[ $line != UUID=* ]] || fs_uuid=${line#UUID=}
   done < <(blkid -p -o export -- "$md" 2>/dev/null || true)

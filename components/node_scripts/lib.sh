@@ -364,6 +364,24 @@ md_of() {
   return 0
 }
 
+# array_health RC STATE: ARRAY_HEALTH becomes the array's health from the exit code of `mdadm --detail
+# --test` and its `State :` text: clean, resyncing, degraded, failed or unknown. A rebuild onto a
+# replaced or re-added member ("clean, degraded, recovering") is resyncing, not degraded: mdadm counts
+# the member being rebuilt as missing until it is in sync, but nothing is left for the operator to
+# do (a degraded array asks them to replace a disk).
+# shellcheck disable=SC2034  # ARRAY_HEALTH is read by the steps
+array_health() {
+  case $1 in
+    0) ARRAY_HEALTH=clean ;;
+    1) ARRAY_HEALTH=degraded ;;
+    2) ARRAY_HEALTH=failed ;;
+    *) ARRAY_HEALTH=unknown ;;
+  esac
+  if [[ $ARRAY_HEALTH == clean && ($2 == *resync* || $2 == *recover*) || $ARRAY_HEALTH == degraded && $2 == *recover* ]]; then
+    ARRAY_HEALTH=resyncing
+  fi
+}
+
 # block_size BASE: BLOCK_SIZE becomes the logical sector size of disk or partition BASE (sdb, sdb5, md127).
 # shellcheck disable=SC2034  # BLOCK_SIZE is read by the steps
 block_size() {

@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         run.check("preview-prerequisites", run.preview_prerequisites, needs=("cluster-up",))
         run.check("per-node-fit", run.per_node_fit, needs=("cluster-up",))
         # Day two: the runbook's operations, one after the other on the cluster stack.
-        for name, check in (("grow-cluster", run.grow_cluster), ("rotate-api-key", run.rotate_api_key),
+        for name, check in (("grow-cluster", run.grow_cluster), ("replace-disk", run.replace_disk), ("rotate-api-key", run.rotate_api_key),
                             ("rotate-hf-token", run.rotate_hf_token), ("add-model", run.add_model),
                             ("remove-model", run.remove_model), ("refresh-drift", run.refresh_drift),
                             ("drain-node", run.drain_node), ("add-node", run.add_node),
@@ -85,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
         run.check("second-up-no-changes-cluster", run.second_up_no_changes_cluster, needs=("up-cluster",))
         run.check("destroy-retains-pv", run.destroy_retains_pv, needs=("up-cluster",))
         run.check("destroy-and-re-up", run.destroy_and_re_up, needs=("destroy-retains-pv",))
+        # A stack of its own on the lab VM (its Kubernetes side as YAML): the Ansible role's array taken over.
+        run.check("adopt-ansible", run.adopt_ansible, needs=("up-lab",))
         # Last, so that it also reads the cluster stack's state, where the HF token is a real Secret.
         # The lab's real SSH key went through state and logs as well: look for it too.
         if run.vm is not None:

@@ -9,6 +9,7 @@ import hashlib
 import json
 import re
 import secrets
+import shlex
 import subprocess
 import threading
 import time
@@ -20,16 +21,20 @@ from typing import Any
 import yaml
 
 from stacks.config import usable_gib
+from stacks.config.nodes import size_gb_for
 from testbed.e2e import runbook
 from testbed.e2e.cluster_checks import ADDED_NODE, NAMESPACE, ClusterEndToEnd, _sequence
-from testbed.e2e.engine_checks import GROWN_SIZE_GB
-from testbed.e2e.run import require
+from testbed.e2e.engine_checks import GROWN_SIZE_GB, ROLE_DISKS, SPARE_DISK
+from testbed.e2e.run import rendering, require, stack_raw
 
 MODEL = "qwen25-05b"
 DEPLOYMENT = f"vllm-{MODEL}"
 # The cluster stack grows once more on the VM's 4 GiB disks (the lab stack left it at GROWN_SIZE_GB).
 CLUSTER_GROWN_SIZE_GB = GROWN_SIZE_GB + 1
 GROW_FILE = "/mnt/models/e2e-day-two.bin"
+DISK_B = "gs-disk-b"  # the member replace-disk fails
+# The adopt stack's array: the role's mountpoint, a name of its own beside the cluster stack's `models`.
+ADOPT_MOUNT, ADOPT_RAID = "/mnt/ollama-models", "role"
 # The prod names in the README's commands → the cluster stack's.
 README_NAMES = {"k8s-worker-02": "lab-node", "ai-models": f"{NAMESPACE}-models", "vllm-qwen3-secrets": f"{DEPLOYMENT}-secrets",
                 "vllm-qwen3": DEPLOYMENT, "ai": NAMESPACE}
@@ -90,8 +95,9 @@ class DayTwoEndToEnd(ClusterEndToEnd):
 
     def shell(self, command: str, *, events: Path | None = None, check: bool = True) -> Any:
         """One README command in the project copy, as the operator's shell runs it after `pulumi stack select`."""
-        env = {"KUBECONFIG": self.cluster_env["KUBECONFIG"], "PATH": f"{self.cluster_env['GS_CLUSTER_BIN']}:{self.env['PATH']}",
-               "PULUMI_SKIP_CONFIRMATIONS": "true"}
+        env = {"PULUMI_SKIP_CONFIRMATIONS": "true"}
+        if self.cluster_env:  # adopt-ansible needs no cluster
+            env.update(KUBECONFIG=self.cluster_env["KUBECONFIG"], PATH=f"{self.cluster_env['GS_CLUSTER_BIN']}:{self.env['PATH']}")
         if events is not None and command.startswith("pulumi up"):
             # Only observed: the engine's event log orders what the up did (the CLI offers it in debug mode).
             command += f" --event-log {events}"
@@ -99,10 +105,13 @@ class DayTwoEndToEnd(ClusterEndToEnd):
         return self.logged(["bash", "-o", "pipefail", "-c", command], shown=command, env=env, check=check, timeout=1800)
 
     def run_block(self, name: str, *, names: dict[str, str] | None = None, drop: tuple[str, ...] = (),
-                  events: Path | None = None, commands: slice = slice(None)) -> list[Any]:
+                  events: Path | None = None, commands: slice = slice(None), stack: str | None = "cluster") -> list[Any]:
+        """The block's commands (a slice of them) with the e2e names, `stack` selected first (None: commands
+        that need none)."""
         block = self.readme.get(name)
         require(block is not None, f"README has no block marked `<!-- e2e: {name} -->`")
-        self.pulumi("stack", "select", "cluster")
+        if stack is not None:
+            self.pulumi("stack", "select", stack)
         ran = []
         for command in block[commands]:  # type: ignore[index]
             text = runbook.substitute(command.text, {**(names or {}), **README_NAMES})
@@ -110,6 +119,10 @@ class DayTwoEndToEnd(ClusterEndToEnd):
                 continue
             ran.append(self.shell(text, events=events))
         return ran
+
+    def node_names(self) -> dict[str, str]:
+        """`ssh root@k8s-worker-02` of a README command → the lab VM's ssh command (its key and port)."""
+        return {"ssh root@k8s-worker-02": shlex.join(self.vm.ssh_argv())}
 
     def edit_stack(self, edit: Any) -> None:
         """What the runbook says to change in Pulumi.<stack>.yaml, done to the file."""
@@ -196,6 +209,54 @@ class DayTwoEndToEnd(ClusterEndToEnd):
         self.grow_sum = before_sum
         return (f"sizeGb {GROWN_SIZE_GB} -> {CLUSTER_GROWN_SIZE_GB}: updated {', '.join(sorted(changed))}; PV {want}, claim Bound and "
                 f"untouched, pods kept; XFS {before_size} -> {after_size} bytes, file checksum kept")
+
+    def plug(self, name: str) -> str:
+        """A disk of the lab VM plugged in (as a technician would), once the guest shows it: its by-id path."""
+        self.vm.plug(name)
+        path = self.vm.disk_id(name)
+        self.vm.ssh(f"for i in $(seq 300); do [ -e {path} ] && exit 0; sleep 0.2; done; exit 1", timeout=120)
+        self.vm.ssh("udevadm settle")
+        return path
+
+    def replace_disk(self) -> str:
+        # The lab stack's resync of its grow may still run: md would show it, not the rebuild.
+        self.vm.ssh("mdadm --wait /dev/md/models", check=False)
+        failed = self.vm_sh(f"readlink -f {self.vm.disk_id(DISK_B)}-part1")
+        names = {**self.node_names(), "/dev/sdb5": failed}
+        looked = self.run_block("replace-disk", names=names, commands=slice(0, 3))
+        require("[UU]" in looked[0].stdout and failed.rsplit("/", 1)[1] in looked[1].stdout,
+                f"the look commands show no healthy array with {failed}: {looked[0].stdout[-200:]}")
+        detail = self.vm_sh("mdadm --detail /dev/md/models")
+        require(failed not in detail and "Active Devices : 1" in detail, f"{failed} is still in the array: {detail[-300:]}")
+        # The failed disk stays plugged in (the harness does not unplug); it is out of the array and the config.
+        removed_sum = self.vm_sh(f"head -c 8M {failed} | sha256sum | cut -d' ' -f1")
+        new_disk = self.plug(SPARE_DISK)
+        self.edit_stack(lambda config: config["gpu-serving:nodes"][0]["storage"]["disks"].__setitem__(1, new_disk))
+        events = self.tmp / "replace-disk-events.jsonl"
+        ran = self.run_block("replace-disk", names=names, events=events, commands=slice(3, None))
+        changed = {_name(urn): op for urn, op in _changed(events).items()}
+        steps = {f"lab-node:{step}" for step in ("10-preflight", "20-partition", "30-raid", "60-grow", "70-health")}
+        require(set(changed) == steps and set(changed.values()) == {"update"},
+                f"the up changed {changed}, expected updates of {sorted(steps)}")
+        member = self.vm_sh(f"readlink -f {new_disk}-part1")
+        state = self.vm_sh("mdadm --detail /dev/md/models | sed -n 's/^ *State : *//p'")
+        mdstat = self.vm_sh("cat /proc/mdstat")
+        require(member.rsplit("/", 1)[1] in mdstat, f"{member} is not in the array: {mdstat}")
+        rebuilt = "recover" in state or "recovery" in mdstat
+        require(rebuilt or "[UU]" in mdstat, f"no rebuild onto {member}: {state}; {mdstat}")
+        node = json.loads(self.pulumi("stack", "output", "nodes", "--json", stack="cluster").stdout)["lab-node"]
+        require(node["disks"][1] == new_disk, f"the nodes output lists the disks {node['disks']}")
+        # Measured by this up (the health step re-runs when the disks change): resyncing while the new
+        # member is rebuilt, clean if it was done before the health step ran.
+        printed = json.loads(ran[1].stdout)["lab-node"]["health"]
+        require(node["health"] in ("resyncing", "clean") and printed == node["health"],
+                f"health output {node['health']!r} (the block's command printed {printed!r}), expected resyncing (or clean)")
+        require(self.vm_sh(f"sha256sum {GROW_FILE} | cut -d' ' -f1") == self.grow_sum, "the file on the volume changed")
+        require(self.vm_sh(f"head -c 8M {failed} | sha256sum | cut -d' ' -f1") == removed_sum, "the removed disk was written to")
+        progress = re.search(r"recovery = *([0-9.]+%)", mdstat)
+        return (f"failed and removed {failed}, plugged {new_disk} ({member}): the up updated {len(changed)} steps, "
+                f"{member} in the array ({state}{', recovery ' + progress[1] if progress else ''}); health output "
+                f"{node['health']!r}; file checksum kept; the removed disk untouched")
 
     def rotate_api_key(self) -> str:
         old_key = self.canaries["vllmApiKey"]
@@ -420,3 +481,65 @@ class DayTwoEndToEnd(ClusterEndToEnd):
         volumes = {"kubernetes:core/v1:PersistentVolume", "kubernetes:core/v1:PersistentVolumeClaim"}
         require(volumes <= kinds, "the state lacks the PV or the claim")
         return f"up after destroy took over the kept PV and claim (same UIDs, Bound), {len(pods)} pod(s) Ready, file checksum kept"
+
+    def adopt_ansible(self) -> str:
+        """README "Migrating from the Ansible role" on the lab VM, through the engine: a stack of its own
+        (`adopt`: the lab's config, its Kubernetes side written as YAML) whose node is the lab VM with
+        the role's array, beside the cluster stack's array."""
+        from tests.vm.harness import ROLE_MD, ansible_role_layout
+
+        disks = [self.plug(name) for name in ROLE_DISKS]
+        role = ansible_role_layout(self.vm, disks, ADOPT_MOUNT)
+        names = {**self.node_names(), "/dev/sda": disks[0]}
+        # Step 1, as printed: on the node, before any stack takes it over.
+        looked = self.run_block("adopt-ansible", names=names, commands=slice(0, 3), stack=None)
+        mdstat, lsblk, table = (proc.stdout for proc in looked)
+        require(re.search(r"^md1 : active raid1 .*\n.*\[UU\]", mdstat, re.M) is not None, f"/proc/mdstat shows no healthy md1: {mdstat}")
+        require("xfs" in lsblk and role["fs_uuid"] in lsblk, f"lsblk -f shows no XFS on md1: {lsblk}")
+        part = re.search(r"^ *5 +([0-9]+)B +([0-9]+)B +([0-9]+)B", table, re.M)
+        require(part is not None, f"parted lists no partition 5: {table}")
+        # Step 2: sizeGb at least the partition's size in GB, rounded up (as the README says to read it).
+        size_gb = size_gb_for(int(part[3]))
+        raw = rendering(stack_raw("lab"), self.tmp / "yaml-adopt")
+        raw["cluster"]["namespace"] = "ai-adopt"
+        raw["nodes"][0]["ssh"]["port"] = self.vm.port
+        raw["nodes"][0]["storage"] = {"disks": disks, "sizeGb": size_gb, "raidName": ADOPT_RAID, "mountpoint": ADOPT_MOUNT,
+                                      "adopt": ROLE_MD}
+        raw["models"] = []
+        self.new_stack("adopt", raw, self.secret_values(raw, self.vm.key_path.read_text()))
+        start = time.monotonic()
+        ran = self.run_block("adopt-ansible", names=names, commands=slice(3, None), stack="adopt")
+        self.report["figures"]["adoptUpSeconds"] = round(time.monotonic() - start, 1)
+        reports = self.step_reports("adopt")
+        require([d["partition"] for d in reports["10-preflight"]["disks"]] == ["adopt", "adopt"],
+                f"preflight did not take the role's partitions: {reports['10-preflight']['disks']}")
+        require(reports["30-raid"]["uuid"] == role["md_uuid"], f"the raid step made or found another array: {reports['30-raid']}")
+        require(reports["40-filesystem"]["result"] == "unchanged" and reports["40-filesystem"]["uuid"] == role["fs_uuid"],
+                f"the filesystem step formatted: {reports['40-filesystem']}")
+        node = json.loads(ran[-1].stdout)["lab-node"]
+        require((node["arrayUuid"], node["filesystemUuid"]) == (role["md_uuid"], role["fs_uuid"]),
+                f"the nodes output names another array or filesystem: {node}")
+        require(self.vm_sh(f"sha256sum {role['path']} | cut -d' ' -f1") == role["data"], "the role's data changed")
+        fstab = [line for line in self.vm_sh("cat /etc/fstab").splitlines() if f" {ADOPT_MOUNT} " in line]
+        require(len(fstab) == 1 and fstab[0].startswith(f"UUID={role['fs_uuid']} "), f"fstab lines for {ADOPT_MOUNT}: {fstab}")
+        arrays = [line for line in self.vm_sh("cat /etc/mdadm/mdadm.conf").splitlines() if line.startswith("ARRAY")]
+        mine = [line for line in arrays if "/dev/md/models" not in line]
+        require(mine == [f"ARRAY /dev/md/{ADOPT_RAID} metadata=1.2 UUID={role['md_uuid']}"], f"mdadm.conf ARRAY lines: {arrays}")
+        require(self.vm_sh(f"findmnt -n -o SOURCE {ADOPT_MOUNT}") == self.vm_sh(f"readlink -f /dev/md/{ADOPT_RAID}"),
+                f"{ADOPT_MOUNT} is not the adopted array under /dev/md/{ADOPT_RAID}")
+        same = self.second_up_changes_nothing("adopt", "noopUpAdoptSeconds")
+        grown = reports["60-grow"]["result"]
+        return (f"the role's md1 ({int(part[3])} B partitions from {role['start']}) adopted as /dev/md/{ADOPT_RAID} with sizeGb "
+                f"{size_gb}: nothing created or formatted (array and XFS UUIDs kept, grow {grown}), data checksum kept, one "
+                f"fstab and one ARRAY line; second up: no changes ({same} the same)")
+
+    def step_reports(self, stack: str) -> dict[str, dict[str, Any]]:
+        """The JSON report each node step printed at its last run, from the stack's state: step → report."""
+        state = json.loads(self.pulumi("stack", "export", stack=stack).stdout)
+        reports = {}
+        for resource in state["deployment"]["resources"]:
+            if resource["type"] == "command:remote:Command":
+                stdout = (resource.get("outputs") or {}).get("stdout", "")
+                line = next((line for line in reversed(stdout.splitlines()) if line.startswith("{")), "{}")
+                reports[resource["urn"].rsplit(":", 1)[1]] = json.loads(line)
+        return reports

@@ -18,6 +18,11 @@ from tools.render import RenderError, policy_config_json, run_program, write
 
 LAB_SIZE_GB, GROWN_SIZE_GB = 2, 3
 CANARY_FILE = "/mnt/models/e2e-canary.bin"
+# Declared on the lab VM but plugged in only by the check that uses them: the blank disk that
+# replaces a failed member (replace-disk), and two disks for the Ansible role's layout (adopt-ansible:
+# its partition 5 starts at 34 GB; sparse files, so only what is written takes room).
+SPARE_DISK = "gs-disk-c"
+ROLE_DISKS = ("gs-role-a", "gs-role-b")
 
 
 @dataclass
@@ -126,10 +131,12 @@ class EndToEnd(Run):
         return f"render and preview refuse the same {len(seen) + 1} files, naming {', '.join(seen)} and the duplicate revision"
 
     def up_lab(self) -> str:
-        from tests.vm.harness import DEFAULT_DISKS, Vm, ensure_image
+        from tests.vm.harness import DEFAULT_DISKS, GiB, Vm, ensure_image
 
-        self.vm = Vm(self.tmp / "vm", DEFAULT_DISKS, image=ensure_image())
-        self.vm.start()
+        extra = ((SPARE_DISK, 4 * GiB), *((name, 40 * GiB) for name in ROLE_DISKS))
+        # A boot on a machine loaded by other guests can take minutes under TCG.
+        self.vm = Vm(self.tmp / "vm", (*DEFAULT_DISKS, *extra), image=ensure_image(), boot_timeout=600)
+        self.vm.start(attach=[name for name, _ in DEFAULT_DISKS])
         raw = rendering(stack_raw("lab"), self.yaml_lab)
         raw["nodes"][0]["ssh"]["port"] = self.vm.port
         raw["models"][0]["apiKeySecret"] = "vllmApiKey"  # so the API key canary goes through state too

@@ -44,6 +44,7 @@ __all__ = [
     "SshError",
     "Vm",
     "VmError",
+    "ansible_role_layout",
     "checksum_regions",
     "ensure_image",
     "image_dir",
@@ -952,3 +953,46 @@ def make_os_like_layout(vm: Vm, disks: Iterable[str] | None = None) -> dict[str,
     lines.append("sync")
     vm.run_script("\n".join(lines) + "\n", timeout=900)
     return partition_sha256s(vm, devices)
+
+
+# --------------------------------------------------------------------------- the Ansible role's layout
+
+# The OS partitions in front of partition 5 on a node the seed's role prepared (sgdisk arguments).
+ROLE_OS_TABLE = "-n1:1M:+32M -c1:efi -t1:ef00 -n2:33M:+64M -c2:boot -n3:97M:+64M -c3:swap -t3:8200 -n4:161M:+128M -c4:root"
+ROLE_MD = "/dev/md1"
+
+
+def ansible_role_layout(vm: Vm, disks: Sequence[str], mountpoint: str, data: str = "model.safetensors") -> dict[str, str]:
+    """What roles/gpu_model_storage left on k8s-worker-02, built on two blank disks (guest paths,
+    by-id): OS partitions 1-4, partition 5 from 34 GB (parted's decimal units) of
+    gpu_model_storage_partition_size_gb (1 here), `mdadm --create /dev/md1`, mkfs.xfs,
+    ansible.posix.mount by UUID with nofail, `mdadm --detail --scan` appended to mdadm.conf, and a
+    16 MiB file of data, the array resynced (the role ran long ago). The disks must be larger than
+    35 GB (sparse files are). Returns the data's path and sha256, the filesystem's and the array's
+    UUID and partition 5's start (bytes)."""
+    a, b = disks
+    vm.run_script(
+        "set -euo pipefail\n"
+        f"for d in {a} {b}; do sgdisk {ROLE_OS_TABLE} $d >/dev/null; parted -s -a optimal $d mkpart primary 34GB 35GB; done\n"
+        f"partprobe {a} {b}; udevadm settle\n"
+        f"mdadm --create {ROLE_MD} --level=1 --raid-devices=2 --metadata=1.2 --run {a}-part5 {b}-part5\n"
+        f"mkfs.xfs -q {ROLE_MD}; udevadm settle\n"
+        f"mkdir -p {mountpoint}; echo \"UUID=$(blkid -s UUID -o value {ROLE_MD}) {mountpoint} xfs defaults,nofail 0 0\" >> /etc/fstab\n"
+        # Only md1's line: the machine may run other arrays (the lab VM runs the lab stack's).
+        f"mdadm --detail --scan | grep '^ARRAY {ROLE_MD} ' >> /etc/mdadm/mdadm.conf\n"
+        f"mount {mountpoint}; head -c 16M /dev/urandom > {mountpoint}/{data}; sync\n"
+        "while [ $(cat /sys/block/md1/md/sync_action) != idle ]; do sleep 1; done\n",
+        timeout=900,
+    )
+
+    def out(command: str) -> str:
+        return vm.ssh(command).stdout.strip()
+
+    path = f"{mountpoint}/{data}"
+    return {
+        "path": path,
+        "data": out(f"sha256sum {path}").split()[0],
+        "fs_uuid": out(f"blkid -s UUID -o value {ROLE_MD}"),
+        "md_uuid": out(f"mdadm --detail --export {ROLE_MD} | sed -n 's/^MD_UUID=//p'"),
+        "start": out(f"parted -m -s {a} unit B print | grep '^5:' | cut -d: -f2"),
+    }

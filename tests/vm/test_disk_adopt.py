@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import BootedState, GiB, Vm, running
+from harness import BootedState, GiB, Vm, ansible_role_layout, running
 
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
@@ -36,7 +36,6 @@ MOUNT = "/mnt/ollama-models"
 MD = "/dev/md/models"
 CONF = "/etc/mdadm/mdadm.conf"
 ORDER = ["10-preflight", "20-partition", "30-raid", "40-filesystem", "50-mount", "60-grow", "70-health"]
-OS_TABLE = "-n1:1M:+32M -c1:efi -t1:ef00 -n2:33M:+64M -c2:boot -n3:97M:+64M -c3:swap -t3:8200 -n4:161M:+128M -c4:root"
 
 
 def steps_for(storage: dict[str, Any]) -> dict[str, str]:
@@ -70,28 +69,11 @@ def vm(vm_booted: BootedState, tmp_path_factory: pytest.TempPathFactory) -> Iter
 @pytest.fixture(scope="module")
 def node(vm: Vm) -> dict[str, Any]:
     disks = [vm.disk_id(n) for n in NAMES]
-    a, b = disks
-    # roles/gpu_model_storage, as it ran on k8s-worker-02: partition 5 from 34GB (parted's decimal
-    # units) of gpu_model_storage_partition_size_gb (1 here), mdadm --create /dev/md1, mkfs.xfs,
-    # ansible.posix.mount by UUID with nofail, `mdadm --detail --scan` appended to mdadm.conf.
-    vm.run_script(
-        "set -euo pipefail\n"
-        f"for d in {a} {b}; do sgdisk {OS_TABLE} $d >/dev/null; parted -s -a optimal $d mkpart primary 34GB 35GB; done\n"
-        f"partprobe {a} {b}; udevadm settle\n"
-        f"mdadm --create /dev/md1 --level=1 --raid-devices=2 --metadata=1.2 --run {a}-part5 {b}-part5\n"
-        "mkfs.xfs -q /dev/md1; udevadm settle\n"
-        f"mkdir -p {MOUNT}; echo \"UUID=$(blkid -s UUID -o value /dev/md1) {MOUNT} xfs defaults,nofail 0 0\" >> /etc/fstab\n"
-        f"mdadm --detail --scan | grep /dev/md1 >> {CONF}\n"
-        f"mount {MOUNT}; head -c 16M /dev/urandom > {MOUNT}/model.safetensors; sync\n"
-        "while [ $(cat /sys/block/md1/md/sync_action) != idle ]; do sleep 1; done\n"  # the role ran long ago
-    )
+    built = ansible_role_layout(vm, disks, MOUNT)
     assert vm.ssh("cat /sys/block/md1/md/bitmap/location").stdout.strip() == "none"  # mdadm adds none below 100 GB
     return {
         "disks": disks,
-        "data": sha(vm, f"{MOUNT}/model.safetensors"),
-        "fs_uuid": vm.ssh("blkid -s UUID -o value /dev/md1").stdout.strip(),
-        "md_uuid": vm.ssh("mdadm --detail --export /dev/md1 | sed -n 's/^MD_UUID=//p'").stdout.strip(),
-        "start": vm.ssh(f"parted -m -s {a} unit B print | grep '^5:' | cut -d: -f2").stdout.strip(),
+        **built,
         "steps": steps_for({"disks": disks, "sizeGb": 2, "raidName": "models", "mountpoint": MOUNT, "adopt": "/dev/md1"}),
     }
 
