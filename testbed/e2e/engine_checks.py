@@ -126,10 +126,15 @@ class EndToEnd(Run):
         return f"render and preview refuse the same {len(seen) + 1} files, naming {', '.join(seen)} and the duplicate revision"
 
     def up_lab(self) -> str:
-        from tests.vm.harness import DEFAULT_DISKS, Vm, ensure_image
+        from tests.vm.harness import DEFAULT_DISKS, Vm, ensure_booted_state, ensure_image
 
-        self.vm = Vm(self.tmp / "vm", DEFAULT_DISKS, image=ensure_image())
+        # The image's saved boot, resumed (seconds; cached beside the image by the first run, VM
+        # tests or e2e), then its two disks plugged in: the same disks at the same PCI slots as a boot.
+        image = ensure_image()
+        self.vm = Vm(self.tmp / "vm", DEFAULT_DISKS, image=image, booted=ensure_booted_state(image))
         self.vm.start()
+        require(self.vm.resumed and self.vm.attached == list(dict(DEFAULT_DISKS)),
+                f"the lab VM did not resume with its disks (resumed={self.vm.resumed}, disks {self.vm.attached})")
         raw = rendering(stack_raw("lab"), self.yaml_lab)
         raw["nodes"][0]["ssh"]["port"] = self.vm.port
         raw["models"][0]["apiKeySecret"] = "vllmApiKey"  # so the API key canary goes through state too
