@@ -131,12 +131,18 @@ class EndToEnd(Run):
         return f"render and preview refuse the same {len(seen) + 1} files, naming {', '.join(seen)} and the duplicate revision"
 
     def up_lab(self) -> str:
-        from tests.vm.harness import DEFAULT_DISKS, GiB, Vm, ensure_image
+        from tests.vm.harness import DEFAULT_DISKS, GiB, Vm, ensure_booted_state, ensure_image
 
+        # The image's saved boot, resumed (seconds; cached beside the image by the first run, VM
+        # tests or e2e), then its two disks plugged in: the same disks at the same PCI slots as a boot.
+        # The spare and the role's disks are declared, plugged in later by replace-disk and adopt-ansible.
         extra = ((SPARE_DISK, 4 * GiB), *((name, 40 * GiB) for name in ROLE_DISKS))
-        # A boot on a machine loaded by other guests can take minutes under TCG.
-        self.vm = Vm(self.tmp / "vm", (*DEFAULT_DISKS, *extra), image=ensure_image(), boot_timeout=600)
+        image = ensure_image()
+        # A machine loaded by other guests can take minutes under TCG.
+        self.vm = Vm(self.tmp / "vm", (*DEFAULT_DISKS, *extra), image=image, booted=ensure_booted_state(image), boot_timeout=600)
         self.vm.start(attach=[name for name, _ in DEFAULT_DISKS])
+        require(self.vm.resumed and self.vm.attached == list(dict(DEFAULT_DISKS)),
+                f"the lab VM did not resume with its disks (resumed={self.vm.resumed}, disks {self.vm.attached})")
         raw = rendering(stack_raw("lab"), self.yaml_lab)
         raw["nodes"][0]["ssh"]["port"] = self.vm.port
         raw["models"][0]["apiKeySecret"] = "vllmApiKey"  # so the API key canary goes through state too

@@ -5,7 +5,8 @@ so the fast ``make test`` never boots a VM.
 
 Fixtures:
   vm_image    (session)  folder of the cached image (built on first use, ~3-4 min)
-  vm_booted   (session)  the image booted once and saved running (harness.BootedState)
+  vm_booted   (session)  the image booted once and saved running (harness.BootedState), cached
+                         beside the image: booted by the first session only
   vm          (module)   a started Vm with two blank 4 GiB disks, shared by a test module:
                          vm_booted resumed (seconds, not a boot), then the disks plugged in
   fresh_vm    (function) the same, but a new VM for each test
@@ -25,7 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from harness import DEFAULT_DISKS, BootedState, Vm, discard, ensure_image, running, save_booted_state
+from harness import DEFAULT_DISKS, BootedState, Vm, discard, ensure_booted_state, ensure_image, running
 
 HERE = Path(__file__).resolve().parent
 VM_TESTS_ENABLED = os.environ.get("GS_VM_TESTS") == "1"
@@ -72,8 +73,8 @@ def vm_image() -> Path:
 
 
 @pytest.fixture(scope="session")
-def vm_booted(vm_image: Path, tmp_path_factory: pytest.TempPathFactory) -> BootedState:
-    return save_booted_state(tmp_path_factory.mktemp("booted"), vm_image)
+def vm_booted(vm_image: Path) -> BootedState:
+    return ensure_booted_state(vm_image)
 
 
 def _running(workdir: Path, booted: BootedState) -> Iterator[Vm]:

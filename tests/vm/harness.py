@@ -22,10 +22,13 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
+import fcntl
 import hashlib
+import inspect
 import os
 import re
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -46,10 +49,12 @@ __all__ = [
     "VmError",
     "ansible_role_layout",
     "checksum_regions",
+    "ensure_booted_state",
     "ensure_image",
     "image_dir",
     "make_os_like_layout",
     "os_layout_regions",
+    "os_layout_sha256s",
     "partition_sha256s",
     "save_booted_state",
 ]
@@ -245,6 +250,32 @@ def save_booted_state(
     vm.root_disk.chmod(0o444)
     assert vm.image is not None
     return BootedState(folder, vm.image, memory_mib, cpus, vm.root_ports)
+
+
+def _booted_state_key(memory_mib: int, cpus: int) -> str:
+    """What a saved guest is valid for: the qemu binary (its migration format) and the machine a
+    resumed VM is started as (its devices must be the saved ones; the image is the folder's parent)."""
+    version = subprocess.run(["qemu-system-x86_64", "--version"], capture_output=True, text=True, check=True).stdout
+    machine = inspect.getsource(Vm._qemu_argv)
+    return hashlib.sha256(f"{version}\n{machine}\n{ROOT_PORTS} {memory_mib} {cpus}".encode()).hexdigest()[:16]
+
+
+def ensure_booted_state(image: str | os.PathLike[str] | None = None, *, memory_mib: int = 1024, cpus: int = 1) -> BootedState:
+    """The image booted once and saved running (:func:`save_booted_state`), cached beside the image
+    in ``booted-<key>/``, so later sessions (and the e2e lab VM) resume it instead of booting.
+    Saved under a lock in a temporary folder renamed into place: parallel callers boot once, and a
+    killed save leaves nothing half-made."""
+    image = Path(image).resolve() if image else ensure_image()
+    folder = image / f"booted-{_booted_state_key(memory_mib, cpus)}"
+    with open(image / ".booted.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (folder / "state").is_file():
+            for stale in image.glob(".booted-*"):
+                shutil.rmtree(stale, ignore_errors=True)
+            work = Path(tempfile.mkdtemp(prefix=".booted-", dir=image))
+            save_booted_state(work, image, memory_mib=memory_mib, cpus=cpus)
+            work.rename(folder)  # root.qcow2 names its backing image/disk.raw by absolute path
+    return BootedState(folder, image, memory_mib, cpus, ROOT_PORTS)
 
 
 # --------------------------------------------------------------------------- the VM
@@ -919,13 +950,38 @@ def partition_sha256s(vm: Vm, devices: Iterable[str]) -> dict[str, str]:
     return {d: res[d].strip() for d in devs}
 
 
+def os_layout_sha256s(vm: Vm, disks: Iterable[str]) -> dict[str, str]:
+    """:func:`partition_sha256s` of :func:`make_os_like_layout`'s partitions on ``disks``, with the
+    bytes hashed on the host once the guest has flushed (a guest sha256 of 576 MiB costs ~18 s
+    under TCG). The guest says where each partition lies; one that no longer starts and ends where
+    OS_LAYOUT put it (or is gone) gets ``moved <start> <size>`` instead of a hash."""
+    names = list(disks)
+    parts = [f"{Vm.by_id(n)}-part{i}" for n in names for i in range(1, len(OS_LAYOUT) + 1)]
+    script = (
+        'set -u\nsync\nfor d in "$@"; do\n'
+        '  k=$(readlink -f "$d"); k=${k##*/}\n'
+        '  echo "$d $(cat /sys/class/block/$k/start 2>/dev/null) $(cat /sys/class/block/$k/size 2>/dev/null)"\n'
+        "done\n"
+    )
+    where = {d: rest for d, _, rest in (line.partition(" ") for line in vm.run_script(script, args=parts).stdout.splitlines())}
+    out: dict[str, str] = {}
+    for name in names:
+        sums = vm.checksum_disk(name, os_layout_regions())
+        for i, ((_label, _code, start, size), digest) in enumerate(zip(OS_LAYOUT, sums.values(), strict=True), 1):
+            part = f"{Vm.by_id(name)}-part{i}"
+            out[part] = digest if where.get(part) == f"{start * 2048} {size * 2048}" else f"moved {where.get(part)}"
+    return out
+
+
 def make_os_like_layout(vm: Vm, disks: Iterable[str] | None = None) -> dict[str, str]:
     """Give each blank extra disk a GPT with OS-like partitions 1-4 (efi 32 MiB,
     boot 64 MiB, swap 64 MiB, root 128 MiB; ends at 289 MiB, the rest is free), fill
-    each partition with random data and return
-    ``{"/dev/disk/by-id/virtio-<disk>-part<N>": sha256}`` read back in the guest.
+    each partition with random data and return ``{"/dev/disk/by-id/virtio-<disk>-part<N>": sha256}``.
 
-    Run it on a running VM; ``disks`` defaults to all attached extra disks.
+    Run it on a running VM; ``disks`` defaults to all attached extra disks. The guest writes the
+    GPT; the host writes the random data straight into the raw files (under TCG the guest took
+    ~40 s to draw and write 576 MiB from /dev/urandom), then the guest drops what it had cached
+    of those partitions, so every later read in the guest sees the host's bytes.
     """
     names = list(vm.attached if disks is None else disks)
     sg_args = []
@@ -944,15 +1000,20 @@ def make_os_like_layout(vm: Vm, disks: Iterable[str] | None = None) -> dict[str,
         lines.append(f"sgdisk -Z {shlex.join(sg_args)} {disk} >/dev/null")
         devices += [f"{disk}-part{i}" for i in range(1, len(OS_LAYOUT) + 1)]
     lines.append("udevadm settle")
-    for name in names:
-        disk = Vm.by_id(name)
-        for i, (_label, _code, _start, size) in enumerate(OS_LAYOUT, 1):
-            part = f"{disk}-part{i}"
-            lines.append(f"test -b {part}")
-            lines.append(f"dd if=/dev/urandom of={part} bs=1M count={size} iflag=fullblock oflag=direct status=none")
-    lines.append("sync")
+    lines += [f"test -b {part}" for part in devices]
     vm.run_script("\n".join(lines) + "\n", timeout=900)
-    return partition_sha256s(vm, devices)
+    sums: dict[str, str] = {}
+    for name in names:
+        with open(vm.disk_path(name), "r+b") as f:
+            for i, (_label, _code, start, size) in enumerate(OS_LAYOUT, 1):
+                data = os.urandom(size * MiB)
+                f.seek(start * MiB)
+                f.write(data)
+                sums[f"{Vm.by_id(name)}-part{i}"] = hashlib.sha256(data).hexdigest()
+    # udev read the new partitions' first blocks (blkid) before the host wrote them.
+    disks_and_parts = [Vm.by_id(n) for n in names] + devices
+    vm.ssh("blockdev --flushbufs " + " ".join(disks_and_parts))
+    return sums
 
 
 # --------------------------------------------------------------------------- the Ansible role's layout

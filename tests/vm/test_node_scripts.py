@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 from fakes import CONTAINERD_UNIT, FAKE_CONTAINERD, FAKE_K3S_START, fake_k3s_unit
-from harness import Vm, make_os_like_layout, partition_sha256s
+from harness import Vm, make_os_like_layout, os_layout_sha256s
 
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
@@ -167,7 +167,7 @@ def node(vm: Vm) -> dict[str, Any]:
 
 
 def assert_os_intact(vm: Vm, node: dict[str, Any]) -> None:
-    assert partition_sha256s(vm, node["layout"]) == node["layout"]
+    assert os_layout_sha256s(vm, DISKS) == node["layout"]
 
 
 # ---------------------------------------------------------------------------- tests, in order
@@ -198,9 +198,15 @@ def test_first_run_killed_midway_then_converges(vm, node):
     run_steps(vm, steps, ["10-preflight", "20-partition"], "first")
     # Kill the raid step while it refreshes the initramfs (after mdadm --create and mdadm.conf).
     vm.put_file(steps["30-raid"]["create"], "/root/raid.sh", "0700")
-    proc = vm.ssh("timeout -s KILL 25 bash /root/raid.sh", check=False, timeout=120)
-    # timeout SIGKILLs its whole process group (update-initramfs included); ssh reports 255 or 137.
-    assert proc.returncode in (137, 255), proc.stdout + proc.stderr
+    # SIGKILL to the step's whole session (update-initramfs included) once mkinitramfs runs: a
+    # fixed delay would miss it on a faster guest.
+    proc = vm.ssh(
+        "setsid bash /root/raid.sh >/root/raid.out 2>&1 </dev/null & pid=$!\n"
+        "until pgrep -s $pid -x mkinitramfs >/dev/null; do kill -0 $pid 2>/dev/null || break; sleep 0.2; done\n"
+        'kill -KILL -- -$pid; wait $pid; echo "exit $?"; cat /root/raid.out',
+        check=False, timeout=600,
+    )  # fmt: skip
+    assert proc.stdout.startswith("exit 137\n"), proc.stdout + proc.stderr
     assert "refreshing the initramfs" in proc.stdout
     # Rerun everything, as the next `pulumi up` would (the failed step and all after it).
     reports = run_steps(vm, steps, DISK_STEPS, "first")
