@@ -89,7 +89,8 @@ def test_the_raid_name_used_by_a_different_array(vm: Vm, layout: dict[str, str])
         "set -e; for i in 0 1; do truncate -s 64M /root/other$i.img; done\n"
         "a=$(losetup -f --show /root/other0.img); b=$(losetup -f --show /root/other1.img)\n"
         "mdadm --create /dev/md/models --run --level=1 --raid-devices=2 --metadata=1.2 --homehost=any --name=models $a $b\n"
-        "udevadm settle; test -e /dev/md/models"
+        # Resynced before the snapshot: its progress in /proc/mdstat would differ before and after.
+        "udevadm settle; test -e /dev/md/models; mdadm --wait /dev/md/models || true"
     )
     try:
         message = assert_refused(vm, layout, steps_for([Vm.by_id(d) for d in DISKS]),

@@ -178,7 +178,9 @@ def test_foreign_data_is_refused_and_kept(vm, node):
     part_b = f"{Vm.by_id(DISKS[1])}-part5"
     # Our partitions, then a foreign filesystem with a file on disk b's.
     run(vm, steps["20-partition"]["create"])
-    vm.ssh(f"mkfs.ext4 -q {part_b} && mkdir -p /mnt/x && mount {part_b} /mnt/x && head -c 1M /dev/urandom > /mnt/x/keep && sync")
+    # udev makes the by-id link of the new partition a moment after the step returns (the steps wait for it too).
+    vm.ssh(f"udevadm settle; for i in $(seq 100); do [ -e {part_b} ] && break; sleep 0.1; done\n"
+           f"mkfs.ext4 -q {part_b} && mkdir -p /mnt/x && mount {part_b} /mnt/x && head -c 1M /dev/urandom > /mnt/x/keep && sync")
     kept = sha(vm, "/mnt/x/keep")
     vm.ssh("umount /mnt/x")
     for step in ("10-preflight", "30-raid"):
