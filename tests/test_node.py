@@ -232,6 +232,22 @@ def test_chain_retain_secret_outputs_and_timeouts(prod):
         assert cmd.inputs["addPreviousOutputInEnv"] is False
 
 
+def test_the_node_lock_waits_as_long_as_the_longest_step_may_run():
+    """A step waiting for the lock must outlast any step holding it (its Pulumi timeout)."""
+    import re
+
+    def seconds(t: str) -> int:
+        return int(t[:-1]) * {"s": 1, "m": 60, "h": 3600}[t[-1]]
+
+    longest = max(seconds(t.create) for t in gpunode.TIMEOUTS.values())
+    lib = (SCRIPTS / "lib.sh").read_text()
+    wait = re.search(r"wait=\$\{GS_LOCK_WAIT:-(\d+)\}", lib)
+    assert wait and int(wait.group(1)) == longest
+    assert "LOCK_DIR=/run/gpu-serving\n" in lib  # root-only, not the world-writable /run/lock
+    for step in gpunode.STEP_PARAMS:
+        assert f"\nnode_lock {step}\n" in (SCRIPTS / f"{step}.sh").read_text(), step
+
+
 def test_runtime_steps_run_one_node_at_a_time(render):
     """Each node's runtime step waits for the previous node's (by name, whatever the config order):
     a release never restarts every node's container runtime at once. Disk steps stay parallel."""

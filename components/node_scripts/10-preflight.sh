@@ -12,7 +12,7 @@ set -euo pipefail
 
 need_root
 need_tools parted mdadm mkfs.xfs xfs_growfs xfs_info xfs_db blkid wipefs partx partprobe udevadm findmnt flock
-node_lock
+node_lock 10-preflight
 settle
 ((${#GS_DISKS[@]} == 2)) || die "a RAID1 needs exactly two disks, got ${#GS_DISKS[@]}"
 [[ -z ${GS_ADOPT:-} ]] || adopt_check
@@ -160,11 +160,20 @@ fi
 md_dev=""
 [[ $array != ours ]] || md_dev=$(readlink -f "/dev/md/$GS_RAID_NAME")
 [[ $array != adopt ]] || md_dev=/dev/$ADOPT_DEV
+# Our array running under another name (md127, after an initramfs that predates our ARRAY line):
+# its mount and fstab line are ours (the mount step checks that line); the raid step names it.
+running=""
+if [[ $array == absent && -n $ours ]]; then
+  for m in "${members[@]}"; do
+    [[ $m == none ]] || running=/dev/$m
+  done
+  md_dev=$running
+fi
 current=$(findmnt -n -o SOURCE --mountpoint "$GS_MOUNTPOINT" 2>/dev/null || true)
 if [[ -n $current && $(readlink -f -- "$current") != "$md_dev" ]]; then
   die "$current is mounted at $GS_MOUNTPOINT, not our array; unmount it or choose another storage.mountpoint"
 fi
-if [[ $array != ours && -r /etc/fstab ]]; then
+if [[ $array != ours && -z $running && -r /etc/fstab ]]; then
   while read -r source target _; do
     [[ $source != \#* && $target == "$GS_MOUNTPOINT" ]] || continue
     # The adopted array's own line (by filesystem UUID or device) becomes ours in the mount step.

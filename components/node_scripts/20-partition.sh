@@ -12,7 +12,7 @@ set -euo pipefail
 
 need_root
 need_tools parted wipefs partx partprobe udevadm flock
-node_lock
+node_lock 20-partition
 settle
 [[ -z ${GS_ADOPT:-} ]] || adopt_check
 changed=0 parts=() others=() plans=()

@@ -18,7 +18,7 @@ set -euo pipefail
 
 need_root
 need_tools parted mdadm wipefs udevadm flock
-node_lock
+node_lock 30-raid
 settle
 md=/dev/md/$GS_RAID_NAME
 changed=0 members=() kinds=() uuids=()
@@ -70,7 +70,11 @@ if [[ -n $active ]]; then
   if [[ $real != "/dev/$active" ]]; then
     # Running under another name (md127, /dev/md/<host>:name): an old initramfs assembled it.
     if findmnt -rn --source "/dev/$active" >/dev/null; then
-      warn "our array runs as /dev/$active, not $md, and is mounted; the mount (by filesystem UUID) works. It gets its name back after the initramfs refresh below and a reboot"
+      # Mounted (pods may read it): named in place; its kernel name stays until the next boot.
+      [[ ! -e $md ]] || die "$md names another array, while ours runs as /dev/$active; check 'mdadm --detail $md' and 'cat /proc/mdstat'"
+      say "our array runs as /dev/$active and is mounted; naming it $md in place (mdadm's map and a udev event)"
+      name_running "$active" "$uuid" 1.2
+      changed=1
     else
       say "our array runs as /dev/$active; re-assembling it as $md"
       mdadm --stop "/dev/$active"

@@ -14,7 +14,7 @@ set -euo pipefail
 
 need_root
 need_tools blkid wipefs mkfs.xfs xfs_db mdadm udevadm flock
-node_lock
+node_lock 40-filesystem
 md=/dev/md/$GS_RAID_NAME
 new_array=/var/lib/gpu-serving/$GS_RAID_NAME.new-array
 [[ -b $md ]] || die "$md does not exist; the raid step (30) must run first"

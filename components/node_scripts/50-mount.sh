@@ -15,7 +15,7 @@ set -euo pipefail
 
 need_root
 need_tools blkid findmnt mount mdadm flock
-node_lock
+node_lock 50-mount
 md=/dev/md/$GS_RAID_NAME
 [[ -b $md ]] || die "$md does not exist; the raid step (30) must run first"
 real=$(readlink -f -- "$md")
@@ -47,7 +47,11 @@ changed=0 found=0 lines=() old_targets=() replaced=()
 if [[ -e /etc/fstab ]]; then
   while IFS= read -r line || [[ -n $line ]]; do
     read -r source target _ <<<"$line"
-    if [[ $source == "UUID=$uuid" || $source == "$md" || $source == "$real" ]]; then
+    # A device path other than ours for the same array (/dev/md/1, /dev/disk/by-id/md-uuid-…), as
+    # preflight reads it (an adopted role's line may name the array so).
+    src_real=""
+    [[ $source != /dev/* ]] || src_real=$(readlink -f -- "$source")
+    if [[ $source == "UUID=$uuid" || $source == "$md" || $src_real == "$real" ]]; then
       if [[ $line == "$want" ]] && ((found == 0)); then
         found=1
         lines+=("$line")
@@ -92,9 +96,19 @@ done
 if ((${#move[@]} && ${#others[@]})); then
   die "storage.mountpoint changed from ${move[0]} to $GS_MOUNTPOINT, but the filesystem is also mounted at ${#others[@]} other place(s), e.g. ${others[0]} (kubelet's bind mounts of the volume into pods); moving it would leave those pods on an empty directory. Drain the node first (kubectl drain), then run pulumi up again. Nothing was changed"
 fi
+# Under a mount of ours the new folder would be made inside the volume, and after the unmount the
+# old mountpoint is an empty immutable folder in which nothing can be made.
+for target in "${mounts[@]}" "${old_targets[@]}"; do
+  [[ $GS_MOUNTPOINT != "${target%/}"/* ]] || die "storage.mountpoint $GS_MOUNTPOINT is inside $target, where the model filesystem is (or was) mounted; choose a path outside it. Nothing was changed"
+done
 current=$(findmnt -rn -o SOURCE --mountpoint "$GS_MOUNTPOINT" || true)
 if [[ -n $current && $current != "$real" ]]; then
   die "$current is mounted at $GS_MOUNTPOINT, not our array $md; unmount it or choose another storage.mountpoint"
+fi
+# Made before the old mountpoint is unmounted, so that a path that cannot be made leaves it mounted.
+if [[ -z $current && ! -d $GS_MOUNTPOINT ]]; then
+  say "creating $GS_MOUNTPOINT"
+  err=$(mkdir -p -- "$GS_MOUNTPOINT" 2>&1) || die "cannot create $GS_MOUNTPOINT (${err##*: }); if a folder above it is an old mountpoint (kept empty and immutable: 'lsattr -d PATH'), choose a path outside it, then run pulumi up again"
 fi
 
 # The old mountpoint goes first: if it is busy, nothing has been written yet.
@@ -204,10 +218,6 @@ WantedBy=multi-user.target
 fi
 
 if [[ -z $current ]]; then
-  if [[ ! -d $GS_MOUNTPOINT ]]; then
-    say "creating $GS_MOUNTPOINT"
-    mkdir -p -- "$GS_MOUNTPOINT"
-  fi
   shopt -s nullglob dotglob
   hidden=("$GS_MOUNTPOINT"/*)
   shopt -u nullglob dotglob

@@ -12,13 +12,13 @@ set -euo pipefail
 
 need_root
 need_tools parted partx mdadm xfs_growfs xfs_info findmnt udevadm flock
-node_lock
+node_lock 60-grow
 settle
 md=/dev/md/$GS_RAID_NAME
 [[ -b $md ]] || die "$md does not exist; the raid step (30) must run first"
 real=$(readlink -f -- "$md")
 mdbase=${real##*/}
-changed=0 members=()
+changed=0 grew=0 members=()
 
 # require_idle: dies unless the array is idle (no resync, recovery, check or reshape).
 require_idle() {
@@ -46,7 +46,7 @@ for disk in "${GS_DISKS[@]}"; do
     # parted asks for confirmation when the partition is in use, even with -s; answer it.
     parted -s "$DISK_DEV" unit B resizepart "$PART_NUM" "${end}B" 2>/dev/null ||
       printf 'Yes\n' | parted ---pretend-input-tty "$DISK_DEV" unit B resizepart "$PART_NUM" "${end}B" >/dev/null
-    changed=1
+    changed=1 grew=1
   fi
   find_part "$DISK_BASE" "$PART_NUM"
   [[ -n $PART_DEV ]] || die "the kernel does not show partition $PART_NUM of $disk; run 'partprobe $DISK_DEV' and pulumi up again"
@@ -101,7 +101,7 @@ if ((room - component > 1024)); then
     mdadm --grow "$md" --bitmap=none
     mdadm --grow "$md" --size=max
   fi
-  changed=1
+  changed=1 grew=1
 fi
 add_bitmap
 
@@ -119,11 +119,12 @@ read -r md_sectors <"/sys/block/$mdbase/size"
 if ((md_sectors * 512 - bsize * blocks >= 16 * MIB)); then
   say "growing XFS at $mp from $((bsize * blocks)) to $((md_sectors * 512)) bytes"
   xfs_growfs "$mp" >/dev/null
-  changed=1
+  changed=1 grew=1
 fi
 
 if ((BITMAP_PENDING)); then
   read -r action <"/sys/block/$mdbase/md/sync_action"
+  ((grew)) || die "$md has no write-intent bitmap, and md cannot add one during the $action that runs now (watch 'cat /proc/mdstat'); run pulumi up again when it has finished"
   die "$md has grown, but md cannot add its write-intent bitmap during the $action that follows (watch 'cat /proc/mdstat'); run pulumi up again when it has finished"
 fi
 result=unchanged

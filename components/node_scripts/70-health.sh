@@ -9,7 +9,7 @@ set -euo pipefail
 # `pulumi up --replace <this step's URN>` measures again, 'cat /proc/mdstat' is the live view.
 : "${GS_RAID_NAME:?}" "${GS_MOUNTPOINT:?}"
 
-node_lock
+node_lock 70-health
 
 md=/dev/md/$GS_RAID_NAME
 health=absent mp="" state="" uuid="" fs_uuid="" mounted=false bytes=0 active=0 total=0

@@ -29,7 +29,7 @@ set -euo pipefail
 
 need_root
 need_tools flock
-node_lock
+node_lock 80-runtime
 
 # sums FILE...: SUMS becomes the sha256 (or "absent") of each file, one line each.
 sums() {
@@ -118,11 +118,9 @@ case $GS_RUNTIME in
     # daemon has not read. The marker lives in /run: a reboot clears it, and a reboot also makes
     # containerd read its config. (Comparing file mtimes with the daemon's start time was tried:
     # /proc gives whole seconds and btime is rounded down, so it saw fresh restarts as stale.)
-    pending=/run/gpu-serving/containerd-restart-pending
+    pending=$LOCK_DIR/containerd-restart-pending
     stale=0
     [[ ! -e $pending ]] || stale=1
-    mkdir -p "${pending%/*}"
-    : >"$pending"
     # The toolkit rewrites config.toml even when nothing changes: keep each file's mtime aside
     # and put it back when the content is the same, so an unchanged run leaves no trace.
     ref=$(mktemp -d)
@@ -155,6 +153,8 @@ case $GS_RUNTIME in
     kept=("${IMPORTS[@]}")
     sums "${files[@]}"
     before=$SUMS
+    # Set just before the toolkit writes: an exit before this point leaves nothing to restart for.
+    : >"$pending"
     nvidia-ctk "${args[@]}" >/dev/null 2>&1 || {
       restore
       die "nvidia-ctk ${args[*]} failed (files restored, containerd not restarted); run it by hand to see why"
@@ -241,6 +241,15 @@ case $GS_RUNTIME in
     else
       say "containerd configuration changed (${files[*]}) or an earlier run stopped before restarting; restarting containerd"
       systemctl restart containerd
+      if ! cri_up; then
+        # Back to the files it ran with, restarted again: this node gets its runtime back and the
+        # failed step stops the node-by-node chain here.
+        restore
+        systemctl restart containerd
+        rm -f "$pending"
+        cri_up || die "containerd has no CRI plugin ($CRI_STATUS) with the toolkit's configuration, nor with the restored one (${files[*]}); see 'journalctl -u containerd', fix the configuration by hand, then run pulumi up again"
+        die "containerd restarted with the configuration nvidia-ctk wrote, but its CRI plugin did not come up ($CRI_STATUS): the kubelet would find no runtime. The files are restored (${files[*]}) and containerd restarted with them. See 'journalctl -u containerd' for why (the configuration is not shown: it may hold credentials); a toolkit update may fix it"
+      fi
       result=changed
     fi
     rm -f "$pending"

@@ -58,14 +58,58 @@ resolve_disk() {
   [[ -z $holders ]] || die "$path ($DISK_DEV) is in use by${holders} (multipath, LVM, a whole-disk RAID or dm-crypt); not touching it. See 'lsblk $DISK_DEV' and list a disk nothing holds"
 }
 
-# node_lock: one step at a time per machine (a second pulumi up, or two nodes[] entries naming the
-# same machine, would otherwise race parted on one GPT). Every step calls it first; the lock is
-# released when the step's shell exits. GS_LOCK_WAIT (seconds, default 600) bounds the wait.
+# node_lock STEP: one step at a time per machine (a second pulumi up, or two nodes[] entries naming
+# the same machine, would otherwise race parted on one GPT). Every step calls it first; the lock is
+# released when the step's shell exits. It lives in a root-only folder: in the world-writable
+# /run/lock any local user could hold it, or pre-create it so that opening it fails. The wait is
+# the longest a step may run (components/node.py TIMEOUTS, 30m); GS_LOCK_WAIT overrides it.
+LOCK_DIR=/run/gpu-serving
 node_lock() {
-  local lock=/run/lock/gpu-serving.lock wait=${GS_LOCK_WAIT:-600}
-  mkdir -p /run/lock
-  exec 9>>"$lock"
-  flock -w "$wait" 9 || die "another gpu-serving step has held $lock on this node for ${wait}s (a second pulumi up, or two nodes[] entries for this machine); see 'fuser -v $lock', wait for it to finish and run pulumi up again"
+  local lock=$LOCK_DIR/lock holder=$LOCK_DIR/holder wait=${GS_LOCK_WAIT:-1800} owner mode pid="" who=""
+  [[ -e $LOCK_DIR || -L $LOCK_DIR ]] || mkdir -m 0700 "$LOCK_DIR" 2>/dev/null || true
+  [[ -d $LOCK_DIR && ! -L $LOCK_DIR ]] || die "$LOCK_DIR is not a folder; remove it ('rm -f $LOCK_DIR') and run pulumi up again"
+  read -r owner mode < <(stat -c '%u %a' "$LOCK_DIR")
+  # Root's and writable by root only (earlier versions made it 755 for the runtime step's marker).
+  ((owner == 0 && (8#$mode & 8#022) == 0)) || die "$LOCK_DIR (the node steps' lock folder) is owned by uid $owner with mode $mode, not by root and writable by root only; someone else made it. Check it, then 'rm -rf $LOCK_DIR' and run pulumi up again"
+  [[ $mode == 700 ]] || chmod 0700 "$LOCK_DIR"
+  { exec 9>>"$lock"; } 2>/dev/null || die "cannot open the node lock $lock; remove it ('rm -rf $lock') and run pulumi up again"
+  if ! flock -w "$wait" 9; then
+    # The holder file names the last step that took the lock: believed only while its pid lives.
+    { read -r pid who <"$holder"; } 2>/dev/null || true
+    [[ -n ${pid:-} && -d /proc/$pid ]] || who="not a node step"
+    die "another gpu-serving step (${who}) has held $lock on this node for ${wait}s (a second pulumi up, or two nodes[] entries for this machine); see 'fuser -v $lock', wait for it to finish and run pulumi up again"
+  fi
+  printf '%s %s, pid %s, since %(%F %T)T\n' "$$" "${1:-a step}" "$$" -1 >"$holder"
+}
+
+# cri_up: containerd answers (within 60 s of a restart) and its CRI plugin (what the kubelet talks
+# to) loaded. `containerd config dump` does not start the CRI: a configuration it accepts can still
+# leave containerd active with no CRI (a default runtime that is not configured) and the node
+# NotReady. CRI_STATUS says what `ctr plugins ls` showed. Without ctr it cannot tell: true, warned.
+cri_up() {
+  local i out type id status found
+  if ! command -v ctr >/dev/null; then
+    warn "no ctr on this node: cannot check that containerd's CRI plugin came up after the restart"
+    return 0
+  fi
+  CRI_STATUS="containerd did not answer"
+  for i in {1..60}; do
+    if out=$(ctr plugins ls 2>/dev/null); then
+      found=0 CRI_STATUS=""
+      while read -r type id _ status; do
+        # 1.x: io.containerd.grpc.v1 cri; 2.x adds io.containerd.cri.v1 images and runtime.
+        [[ ($type == io.containerd.grpc.v1 && $id == cri) || $type == io.containerd.cri.v1 ]] || continue
+        found=1
+        [[ $status == ok ]] || CRI_STATUS+="${CRI_STATUS:+, }$type $id: $status"
+      done <<<"$out"
+      [[ -n $CRI_STATUS ]] && return 1 # a plugin that failed to load stays so until a restart
+      ((found)) && return 0
+      CRI_STATUS="no CRI plugin listed"
+    fi
+    ((i % 10)) || say "waiting for containerd's CRI plugin ($CRI_STATUS)"
+    sleep 1
+  done
+  return 1
 }
 
 # scan_disk DEV NAME: reads DEV's partition table (`parted -m unit B print free`). Sets
@@ -249,7 +293,7 @@ conf_uuid() {
 
 # adopt_check: GS_ADOPT (an array built by other tooling, e.g. the Ansible role's /dev/md1) must be
 # a running two-member RAID1 of one partition on each of GS_DISKS, carrying XFS. Sets ADOPT_DEV
-# (md1), ADOPT_UUID, ADOPT_FS_UUID and ADOPT_PARTS (partition kernel names, in GS_DISKS order).
+# (md1), ADOPT_UUID, ADOPT_META (1.2), ADOPT_FS_UUID and ADOPT_PARTS (partition kernel names, in GS_DISKS order).
 # shellcheck disable=SC2034  # ADOPT_* are read by the steps
 adopt_check() {
   local md=$GS_ADOPT real base level raid_disks state slave s found line all="" fstype=""
@@ -275,11 +319,17 @@ adopt_check() {
     [[ -n $found ]] || die "storage.adopt: $md has no member on $line (its members:${all:- none}); adopt only an array of one partition on each of storage.disks, and a degraded one only after it is repaired"
     ADOPT_PARTS+=("$found")
   done
-  ADOPT_UUID=""
+  ADOPT_UUID="" ADOPT_META=""
   while IFS= read -r line; do
-    [[ $line != MD_UUID=* ]] || ADOPT_UUID=${line#MD_UUID=}
+    case $line in
+      MD_UUID=*) ADOPT_UUID=${line#MD_UUID=} ;;
+      MD_METADATA=*) ADOPT_META=${line#MD_METADATA=} ;;
+    esac
   done < <(mdadm --detail --export "$real")
   [[ -n $ADOPT_UUID ]] || die "storage.adopt: mdadm shows no UUID for $md"
+  # 1.0 and 0.90 keep the superblock at the end of each member: a grown partition leaves it behind,
+  # and the filesystem at the member's start makes every member look like a foreign XFS.
+  [[ $ADOPT_META == 1.[12] ]] || die "storage.adopt: $md has metadata ${ADOPT_META:-unknown} (superblock at the end of each member), which this program cannot grow or check; only a metadata 1.1 or 1.2 array (mdadm's default) can be adopted. Leave storage.adopt out and keep this array as it is, or copy the models onto an array this program builds"
   ADOPT_FS_UUID=""
   while IFS= read -r line; do
     case $line in
@@ -298,7 +348,7 @@ adopt_check() {
 # ADOPT_CHANGED=1 when it changed anything.
 # shellcheck disable=SC2034  # ADOPT_CHANGED is read by the steps
 adopt_record() {
-  local want="ARRAY /dev/md/$GS_RAID_NAME metadata=1.2 UUID=$ADOPT_UUID" line word dev rest meta muuid uuid keep=() have=0 dropped=0 map=/run/mdadm/map
+  local want="ARRAY /dev/md/$GS_RAID_NAME metadata=$ADOPT_META UUID=$ADOPT_UUID" line word dev rest keep=() have=0 dropped=0
   ADOPT_CHANGED=0
   mdadm_conf
   if [[ -r $MDADM_CONF ]]; then
@@ -329,28 +379,35 @@ adopt_record() {
   if [[ $(readlink -f "/dev/md/$GS_RAID_NAME" 2>/dev/null) != "/dev/$ADOPT_DEV" ]]; then
     [[ ! -e /dev/md/$GS_RAID_NAME ]] || die "/dev/md/$GS_RAID_NAME already names another array; choose another storage.raidName"
     say "adopting $GS_ADOPT: naming the running array /dev/md/$GS_RAID_NAME"
-    mkdir -p "${map%/*}"
-    touch "$map"
-    # The map holds the UUID as mdadm stores it in memory (each 32-bit word byte-swapped against
-    # `mdadm --detail`); mdadm ignores an entry whose UUID does not match. Keep the entry's own.
-    keep=() uuid=""
-    for word in ${ADOPT_UUID//:/ }; do
-      uuid+="${uuid:+:}${word:6:2}${word:4:2}${word:2:2}${word:0:2}"
-    done
-    while read -r word meta muuid rest; do
-      if [[ $word == "$ADOPT_DEV" ]]; then
-        uuid=$muuid
-      else
-        keep+=("$word $meta $muuid $rest")
-      fi
-    done <"$map"
-    keep+=("$ADOPT_DEV 1.2 $uuid /dev/md/$GS_RAID_NAME")
-    printf '%s\n' "${keep[@]}" >"$map"
-    udevadm trigger --action=change "/dev/$ADOPT_DEV"
-    udevadm settle --timeout=30 || true
+    name_running "$ADOPT_DEV" "$ADOPT_UUID" "$ADOPT_META"
     [[ -b /dev/md/$GS_RAID_NAME ]] || die "udev did not create /dev/md/$GS_RAID_NAME for the adopted $GS_ADOPT; $MDADM_CONF names it, so it appears after a reboot; run pulumi up again then"
     ADOPT_CHANGED=1
   fi
+}
+
+# name_running DEV UUID META: the running array DEV (md127) becomes /dev/md/GS_RAID_NAME now, with
+# no stop and no unmount, through mdadm's map file and a udev change event (udev names md devices
+# from the map). UUID as `mdadm --detail` prints it; META its metadata version.
+name_running() {
+  local dev=$1 uuid="" word meta muuid rest keep=() map=/run/mdadm/map
+  mkdir -p "${map%/*}"
+  touch "$map"
+  # The map holds the UUID as mdadm stores it in memory (each 32-bit word byte-swapped against
+  # `mdadm --detail`); mdadm ignores an entry whose UUID does not match. Keep the entry's own.
+  for word in ${2//:/ }; do
+    uuid+="${uuid:+:}${word:6:2}${word:4:2}${word:2:2}${word:0:2}"
+  done
+  while read -r word meta muuid rest; do
+    if [[ $word == "$dev" ]]; then
+      uuid=$muuid
+    else
+      keep+=("$word $meta $muuid $rest")
+    fi
+  done <"$map"
+  keep+=("$dev $3 $uuid /dev/md/$GS_RAID_NAME")
+  printf '%s\n' "${keep[@]}" >"$map"
+  udevadm trigger --action=change "/dev/$dev"
+  udevadm settle --timeout=30 || true
 }
 
 # md_of PART: MD_OF becomes the md device (md127) that holds PART, "" if none.

@@ -890,6 +890,15 @@ class Vm:
             input=data if isinstance(data, bytes) else data.encode(),
         )
 
+    def wait_block(self, path: str, timeout: float = 15) -> None:
+        """Wait until block device ``path`` exists: a step that closes a disk after a write makes
+        udev re-read its partition table, and the partitions (and their by-id links) vanish briefly."""
+        q = shlex.quote(path)
+        self.ssh(
+            f"for i in $(seq {int(timeout * 5)}); do udevadm settle --timeout=5; [ -b {q} ] && exit 0; sleep 0.2; done\n"
+            f"echo 'no block device {path}' >&2; exit 1"
+        )
+
     def checksum_disk(self, name: str, regions: Iterable[tuple[int, int]] = ((0, MiB), (-MiB, MiB))) -> dict[tuple[int, int], str]:
         """:func:`checksum_regions` of extra disk ``name``. Flushes the guest first if running."""
         if self.running:

@@ -24,27 +24,18 @@ from typing import Any
 
 import pytest
 from harness import BootedState, GiB, Vm, ansible_role_layout, running
+from steps import create_scripts
 
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tools.render import run_program  # noqa: E402
 
 NAMES = ("gs-nvme-a", "gs-nvme-b")
 MOUNT = "/mnt/ollama-models"
 MD = "/dev/md/models"
 CONF = "/etc/mdadm/mdadm.conf"
 ORDER = ["10-preflight", "20-partition", "30-raid", "40-filesystem", "50-mount", "60-grow", "70-health"]
-
-
-def steps_for(storage: dict[str, Any]) -> dict[str, str]:
-    import yaml
-
-    nodes = yaml.safe_load((ROOT / "Pulumi.prod.yaml").read_text())["config"]["gpu-serving:nodes"]
-    nodes[0]["storage"] = storage
-    render = run_program("prod", overrides={"gpu-serving:nodes": json.dumps(nodes), "gpu-serving:models": "[]"})
-    return {c.name.split(":", 1)[1]: c.inputs["create"] for c in render.of_type("command:remote:Command")}
 
 
 def up(vm: Vm, steps: dict[str, str]) -> dict[str, dict[str, Any]]:
@@ -74,7 +65,7 @@ def node(vm: Vm) -> dict[str, Any]:
     return {
         "disks": disks,
         **built,
-        "steps": steps_for({"disks": disks, "sizeGb": 2, "raidName": "models", "mountpoint": MOUNT, "adopt": "/dev/md1"}),
+        "steps": create_scripts({"disks": disks, "sizeGb": 2, "raidName": "models", "mountpoint": MOUNT, "adopt": "/dev/md1"}),
     }
 
 
@@ -121,7 +112,7 @@ def test_a_second_array_past_2_tib_on_the_same_disks(vm: Vm, node: dict[str, Any
     # A filler partition (no data) up to 2.2 TB: the next partition starts past the 2 TiB mark.
     for disk in node["disks"]:
         vm.ssh(f"parted -s -a optimal {disk} mkpart filler 36GB 2200GB && udevadm settle")
-    steps = steps_for({"disks": node["disks"], "sizeGb": 1, "raidName": "big", "mountpoint": "/mnt/big"})
+    steps = create_scripts({"disks": node["disks"], "sizeGb": 1, "raidName": "big", "mountpoint": "/mnt/big"})
     reports = up(vm, steps)
     assert sorted(reports["30-raid"]["members"]) == ["/dev/nvme0n1p7", "/dev/nvme1n1p7"]
     for disk in node["disks"]:
@@ -129,6 +120,33 @@ def test_a_second_array_past_2_tib_on_the_same_disks(vm: Vm, node: dict[str, Any
         assert int(start.rstrip("B")) > 2 * 1024**4
     assert reports["40-filesystem"]["result"] == "changed"
     assert vm.ssh("findmnt -n -o FSTYPE /mnt/big").stdout.strip() == "xfs"
+    assert sha(vm, f"{MOUNT}/model.safetensors") == node["data"]
+
+
+def test_an_array_with_its_superblock_at_the_end_is_refused_before_any_write(vm: Vm, node: dict[str, Any]) -> None:
+    # Metadata 1.0 (or 0.90): the XFS at each member's start makes the members look foreign, and a
+    # grown partition leaves the superblock behind. Refused before mdadm.conf is rewritten.
+    parts = []
+    for disk in node["disks"]:
+        vm.ssh(f"parted -s -a optimal {disk} mkpart legacy 2300GB 2301GB && udevadm settle")
+        parts.append(vm.ssh(f"readlink -f {disk}-part8").stdout.strip())
+    vm.ssh(
+        f"mdadm --create /dev/md/legacy --metadata=1.0 --level=1 --raid-devices=2 --assume-clean --run {' '.join(parts)}"
+        " && mkfs.xfs -q /dev/md/legacy && udevadm settle"
+    )
+    kept = vm.ssh(f"sha256sum {CONF} /etc/fstab; ls /dev/md").stdout
+    try:
+        steps = create_scripts(
+            {"disks": node["disks"], "sizeGb": 1, "raidName": "legacy2", "mountpoint": "/mnt/legacy", "adopt": "/dev/md/legacy"}
+        )
+        for name in ("10-preflight", "20-partition", "30-raid"):
+            result = vm.ssh(steps[name], check=False, timeout=300)
+            assert result.returncode != 0, name
+            errors = [line for line in result.stderr.splitlines() if line.startswith("ERROR: ")]
+            assert len(errors) == 1 and "storage.adopt: /dev/md/legacy has metadata 1.0" in errors[0], (name, result.stderr)
+        assert vm.ssh(f"sha256sum {CONF} /etc/fstab; ls /dev/md").stdout == kept
+    finally:
+        vm.ssh(f"mdadm --stop /dev/md/legacy; wipefs -a -q {' '.join(parts)}; udevadm settle", check=False)
     assert sha(vm, f"{MOUNT}/model.safetensors") == node["data"]
 
 

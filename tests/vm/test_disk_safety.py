@@ -25,12 +25,12 @@ from typing import Any
 
 import pytest
 from harness import BootedState, GiB, Vm, make_os_like_layout, partition_sha256s, running
+from steps import create_scripts
 
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tools.render import run_program  # noqa: E402
 
 DISKS = (("gs-disk-a", 4 * GiB), ("gs-disk-b", 4 * GiB), ("gs-disk-c", 4 * GiB), ("gs-disk-d", 4 * GiB))
 A, B, C, D = (Vm.by_id(name) for name, _ in DISKS)
@@ -41,12 +41,7 @@ OS_TABLE = "-n1:1M:+32M -c1:efi -t1:ef00 -n2:33M:+64M -c2:boot -n3:97M:+64M -c3:
 
 
 def steps_for(disks: list[str], size_gb: int = 1) -> dict[str, str]:
-    import yaml
-
-    nodes = yaml.safe_load((ROOT / "Pulumi.prod.yaml").read_text())["config"]["gpu-serving:nodes"]
-    nodes[0]["storage"] = {"disks": disks, "sizeGb": size_gb, "raidName": "models", "mountpoint": MOUNT}
-    render = run_program("prod", overrides={"gpu-serving:nodes": json.dumps(nodes), "gpu-serving:models": "[]"})
-    return {c.name.split(":", 1)[1]: c.inputs["create"] for c in render.of_type("command:remote:Command")}
+    return create_scripts({"disks": disks, "sizeGb": size_gb, "raidName": "models", "mountpoint": MOUNT})
 
 
 def up(vm: Vm, steps: dict[str, str], names: list[str] = ORDER) -> tuple[str, subprocess.CompletedProcess[str]] | None:
@@ -302,19 +297,44 @@ def test_an_array_under_another_name_with_a_blank_member_ends_running_under_ours
     assert sha(vm, f"{MOUNT}/while-b-was-away.bin") == node["data2"]
 
 
+def test_a_mounted_array_under_another_name_gets_ours_in_place(vm: Vm, node: dict[str, Any]) -> None:
+    # What an initramfs that predates our ARRAY line leaves (md127 as /dev/md/<host>:models), while
+    # pods read it: the raid step cannot stop it, so it names it in place and goes on to mdadm.conf.
+    real = vm.ssh(f"readlink -f {MD}").stdout.strip()
+    vm.run_script(
+        "set -e; map=/run/mdadm/map\n"
+        f"awk -v d={real.removeprefix('/dev/')} '$1 == d {{ $4 = \"/dev/md/other\" }} {{ print }}' $map > $map.new; mv $map.new $map\n"
+        f"udevadm trigger --action=change {real}; udevadm settle; test ! -e {MD}; test -b /dev/md/other"
+    )
+    assert up(vm, node["steps"], ["10-preflight"]) is None  # its mount is our array's
+    result = vm.ssh(node["steps"]["30-raid"], check=False, timeout=900)
+    assert result.returncode == 0, result.stderr
+    assert f"naming it {MD} in place" in result.stdout
+    assert vm.ssh(f"readlink -f {MD}; test ! -e /dev/md/other", check=False).stdout.strip() == real
+    assert vm.ssh(f"findmnt -n -o SOURCE {MOUNT}").stdout.strip() == real  # never unmounted
+    assert up(vm, node["steps"], ["30-raid", "40-filesystem", "50-mount", "70-health"]) is None
+    assert sha(vm, f"{MOUNT}/weights.bin") == node["data"]
+
+
 # ---------------------------------------------------------------------------- items 9 and 10
 
 
 def test_a_second_run_waits_for_the_lock_and_then_says_why(vm: Vm, node: dict[str, Any]) -> None:
-    vm.ssh("setsid flock /run/lock/gpu-serving.lock sleep 600 >/dev/null 2>&1 < /dev/null & echo $! > /root/holder.pid\n"
-           "while flock -n /run/lock/gpu-serving.lock true; do sleep 0.2; done")  # until the holder has it
+    lock = "/run/gpu-serving/lock"  # made by the steps that ran before, root-only
+    assert vm.ssh("stat -c '%u %a' /run/gpu-serving").stdout.split() == ["0", "700"]
+    vm.ssh(
+        f"setsid flock {lock} sleep 600 >/dev/null 2>&1 < /dev/null & echo $! > /root/holder.pid\n"
+        f"while flock -n {lock} true; do sleep 0.2; done"
+    )  # until the holder has it
     try:
         result = vm.ssh("export GS_LOCK_WAIT=2\n" + node["steps"]["20-partition"], check=False, timeout=120)
         assert result.returncode != 0
-        assert "another gpu-serving step has held /run/lock/gpu-serving.lock" in result.stderr, result.stderr
+        # The last step that took it has exited, so the holder file is not believed.
+        assert f"ERROR: another gpu-serving step (not a node step) has held {lock} on this node for 2s" in result.stderr, result.stderr
     finally:
         vm.ssh("kill -- -$(cat /root/holder.pid); rm -f /root/holder.pid", check=False)
     assert up(vm, node["steps"], ["20-partition"]) is None
+    assert "20-partition, pid " in vm.ssh("cat /run/gpu-serving/holder").stdout
 
 
 def test_an_mbr_disk_is_refused_without_advice_that_breaks_grub(vm: Vm, node: dict[str, Any]) -> None:

@@ -8,8 +8,10 @@ One VM for the module; the tests build on each other, in file order:
     kubelet-like bind mounts + a process holding a model file open -> every step again, as is and
     with a comment changed in lib.sh (all survive) -> device timeout change (fstab rewritten,
     synced before the rename, nothing unmounted) -> k3s ordering -> mountpoint change refused
-    until drained -> runtime: invalid TOML restored without restart, imports kept and a big --help
-    read under pipefail, overridden settings named -> k3s server never restarted, agent checked.
+    until drained (and a new one inside the old one refused before anything is unmounted) ->
+    runtime: invalid TOML restored without restart, a config that loads but leaves containerd
+    without its CRI restored and restarted again (issue 25), imports kept and a big --help read
+    under pipefail, overridden settings named -> k3s server never restarted, agent checked.
 
 Container runtimes are STAND-INS (tests/vm/fakes.py): the guest cannot install containerd, the
 NVIDIA toolkit or k3s. The kubelet is simulated by its bind mounts. Skipped unless GS_VM_TESTS=1.
@@ -24,14 +26,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fakes import CONTAINERD_UNIT, FAKE_CONTAINERD, FAKE_K3S_START, FAKE_NVIDIA_CTK, fake_k3s_unit
+from fakes import FAKE_K3S_START, fake_k3s_unit, install_fake_containerd
 from harness import Vm
+from steps import create_scripts
 
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tools.render import run_program  # noqa: E402
 
 NODE = "k8s-worker-02"
 DISKS = ("gs-disk-a", "gs-disk-b")
@@ -46,17 +48,8 @@ INVOCATION = "systemctl show -p InvocationID --value {}"
 
 def render_steps(runtime: str = "containerd", **storage: Any) -> dict[str, str]:
     """{step: create script} for the prod node pointed at the VM's disks (offline render)."""
-    import yaml
-
-    config = yaml.safe_load((ROOT / "Pulumi.prod.yaml").read_text())["config"]
-    nodes = config["gpu-serving:nodes"]
-    nodes[0]["storage"] = {"disks": [Vm.by_id(d) for d in DISKS], "sizeGb": 2, "raidName": "models", "mountpoint": MOUNT, **storage}
-    nodes[0]["containerRuntime"] = runtime
-    overrides = {"gpu-serving:nodes": json.dumps(nodes), "gpu-serving:models": "[]"}
-    if runtime in ("k3s", "rke2"):
-        overrides["gpu-serving:cluster"] = json.dumps({**config["gpu-serving:cluster"], "runtimeClassName": "nvidia"})
-    render = run_program("prod", overrides=overrides)
-    return {c.name.split(":", 1)[1]: c.inputs["create"] for c in render.of_type("command:remote:Command") if c.name.startswith(f"{NODE}:")}
+    disks = [Vm.by_id(d) for d in DISKS]
+    return create_scripts({"disks": disks, "sizeGb": 2, "raidName": "models", "mountpoint": MOUNT, **storage}, runtime=runtime)
 
 
 def with_lib_comment(script: str) -> str:
@@ -208,6 +201,15 @@ def test_mountpoint_change_is_refused_until_the_node_is_drained(vm, node):
     assert live_state(vm) == before
     # Drained: no pod mounts, no readers. Then the move goes through, and back again.
     vm.ssh(f"systemctl stop {HOLDER}; umount {' '.join(PODS)}")
+    # Not into the volume, nor under the old mountpoint (immutable once unmounted): refused first.
+    proc = run(vm, render_steps(mountpoint=f"{MOUNT}/v2")["50-mount"], check=False)
+    assert proc.returncode == 1
+    assert [line for line in proc.stderr.splitlines() if line.startswith("ERROR: ")] == [
+        f"ERROR: storage.mountpoint {MOUNT}/v2 is inside {MOUNT}, where the model filesystem is (or was) mounted;"
+        " choose a path outside it. Nothing was changed"
+    ], proc.stderr
+    assert vm.ssh(files).stdout == kept
+    assert vm.ssh(f"findmnt -rn -o TARGET --source $(readlink -f {MD}); test ! -e {MOUNT}/v2").stdout.split() == [MOUNT]
     assert report(run(vm, moved).stdout)["result"] == "changed"
     targets = f"findmnt -rn -o TARGET --source $(readlink -f {MD})"
     assert vm.ssh(targets).stdout.split() == ["/mnt/models2"]
@@ -232,13 +234,6 @@ imports = ["/etc/containerd/site.d/*.toml"]
 """
 
 
-def install_fake_containerd(vm: Vm) -> None:
-    vm.put_file(FAKE_NVIDIA_CTK, "/usr/local/bin/nvidia-ctk", "0755")
-    vm.put_file(FAKE_CONTAINERD, "/usr/local/bin/containerd", "0755")
-    vm.put_file(CONTAINERD_UNIT, "/etc/systemd/system/containerd.service")
-    vm.ssh("systemctl daemon-reload && systemctl start containerd")
-
-
 def fresh_containerd_config(vm: Vm, mode: str) -> None:
     install_fake_containerd(vm)  # already there after the re-run test; each runtime test also stands alone
     vm.put_file(SITE_CONFIG, CONFIG, "0600")
@@ -259,6 +254,28 @@ def test_runtime_invalid_toml_is_restored_without_restart(vm, node):
     assert vm.ssh(INVOCATION.format("containerd")).stdout.strip() == invocation
     assert vm.ssh("test -e /run/gpu-serving/containerd-restart-pending", check=False).returncode == 1
     assert "mirror.example" not in proc.stdout + proc.stderr  # configuration is never printed
+
+
+def test_runtime_without_a_cri_after_the_restart_is_restored_and_restarted(vm, node):
+    # The toolkit's config loads (config dump passes) but names a default runtime it does not
+    # configure: containerd starts without its CRI plugin, and the kubelet would find no runtime.
+    fresh_containerd_config(vm, "noruntime")
+    files = f"sha256sum {CONFIG}; stat -c '%n %Y %a' {CONFIG}"
+    before = vm.ssh(files).stdout
+    invocation = vm.ssh(INVOCATION.format("containerd")).stdout.strip()
+    proc = run(vm, node["steps"]["80-runtime"], check=False)
+    assert proc.returncode == 1
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("ERROR: ")]
+    assert len(errors) == 1 and "CRI plugin did not come up" in errors[0] and "restarted with them" in errors[0], proc.stderr
+    assert vm.ssh(files).stdout == before and vm.ssh(f"test -e {DROPIN}", check=False).returncode == 1
+    assert vm.ssh(INVOCATION.format("containerd")).stdout.strip() != invocation
+    cri = [line.split() for line in vm.ssh("ctr plugins ls").stdout.splitlines() if line.split()[:2] == ["io.containerd.grpc.v1", "cri"]]
+    assert cri and cri[0][-1] == "ok"  # running on the restored files
+    assert vm.ssh("test -e /run/gpu-serving/containerd-restart-pending", check=False).returncode == 1
+    assert "mirror.example" not in proc.stdout + proc.stderr
+    # A fixed toolkit: the next run goes through.
+    vm.ssh("echo good > /etc/fake-nvidia-ctk.mode")
+    assert report(run(vm, node["steps"]["80-runtime"]).stdout)["result"] == "changed"
 
 
 def test_runtime_keeps_imports_and_reads_big_help(vm, node):

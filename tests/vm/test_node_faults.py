@@ -7,7 +7,6 @@ that fails. Skipped unless GS_VM_TESTS=1 (tests/vm/conftest.py).
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -15,12 +14,12 @@ from typing import Any
 
 import pytest
 from harness import MiB, Vm, make_os_like_layout, os_layout_regions, partition_sha256s
+from steps import create_scripts
 
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tools.render import run_program  # noqa: E402
 
 DISKS = ("gs-disk-a", "gs-disk-b")
 MOUNT = "/mnt/models"
@@ -28,12 +27,7 @@ ORDER = ["10-preflight", "20-partition", "30-raid", "40-filesystem", "50-mount",
 
 
 def steps_for(disks: list[str], size_gb: int = 2) -> list[tuple[str, str]]:
-    import yaml
-
-    nodes = yaml.safe_load((ROOT / "Pulumi.prod.yaml").read_text())["config"]["gpu-serving:nodes"]
-    nodes[0]["storage"] = {"disks": disks, "sizeGb": size_gb, "raidName": "models", "mountpoint": MOUNT}
-    render = run_program("prod", overrides={"gpu-serving:nodes": json.dumps(nodes), "gpu-serving:models": "[]"})
-    scripts = {c.name.split(":", 1)[1]: c.inputs["create"] for c in render.of_type("command:remote:Command")}
+    scripts = create_scripts({"disks": disks, "sizeGb": size_gb, "raidName": "models", "mountpoint": MOUNT})
     return [(name, scripts[name]) for name in ORDER]
 
 

@@ -22,8 +22,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fakes import CONTAINERD_UNIT, FAKE_CONTAINERD, FAKE_K3S_START, fake_k3s_unit
+from fakes import FAKE_K3S_START, fake_k3s_unit, install_fake_containerd
 from harness import Vm, make_os_like_layout, os_layout_sha256s
+from steps import prod_node, rendered_steps
 
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
@@ -31,7 +32,7 @@ if str(ROOT) not in sys.path:
 
 from components.node import storage_outputs  # noqa: E402
 from stacks.config import Node, usable_gib  # noqa: E402
-from tools.render import RenderError, run_program  # noqa: E402
+from tools.render import RenderError  # noqa: E402
 
 NODE = "k8s-worker-02"
 DISKS = ("gs-disk-a", "gs-disk-b")
@@ -41,79 +42,20 @@ MD = "/dev/md/models"
 DISK_STEPS = ["10-preflight", "20-partition", "30-raid", "40-filesystem", "50-mount", "60-grow", "70-health"]
 FILES = "/etc/fstab /etc/mdadm/mdadm.conf /boot/initrd.img-*"
 
-FAKE_NVIDIA_CTK = r"""#!/bin/bash
-# FAKE nvidia-ctk (NVIDIA's repository is unreachable from the test host). Does what
-# nvidia-ctk >= 1.18 `runtime configure --runtime=containerd` does: writes the drop-in
-# (default /etc/containerd/conf.d/99-nvidia.toml) and rewrites config.toml with an imports
-# entry for the drop-in folder -- unconditionally, as the real tool does -- logging to stderr.
-set -euo pipefail
-if [[ " $* " == *" --help "* ]]; then
-  printf '   --drop-in-config value  path to the NVIDIA-specific config file to create\n'
-  exit 0
-fi
-[[ ${1:-} == runtime && ${2:-} == configure ]] || { echo "fake nvidia-ctk: unsupported: $*" >&2; exit 2; }
-config=/etc/containerd/config.toml dropin=/etc/containerd/conf.d/99-nvidia.toml default=false
-for a in "$@"; do
-  case $a in
-    --config=*) config=${a#*=} ;;
-    --drop-in-config=*) dropin=${a#*=} ;;
-    --set-as-default | --nvidia-set-as-default) default=true ;;
-  esac
-done
-echo "$*" >>/var/log/fake-nvidia-ctk.log
-mkdir -p "${dropin%/*}"
-{
-  printf 'version = 2\n\n[plugins]\n\n  [plugins."io.containerd.grpc.v1.cri"]\n\n    [plugins."io.containerd.grpc.v1.cri".containerd]\n'
-  if [[ $default == true ]]; then printf '      default_runtime_name = "nvidia"\n'; fi
-  printf '\n      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes]\n\n'
-  printf '        [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia]\n'
-  printf '          privileged_without_host_devices = false\n          runtime_engine = ""\n          runtime_root = ""\n'
-  printf '          runtime_type = "io.containerd.runc.v2"\n\n'
-  printf '          [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia.options]\n'
-  printf '            BinaryName = "/usr/bin/nvidia-container-runtime"\n'
-} >"$dropin"
-current=$(cat "$config" 2>/dev/null || true)
-if [[ $current != *'"'"${dropin%/*}"'/*.toml"'* ]]; then
-  current="imports = [\"${dropin%/*}/*.toml\"]"$'\n'"$current"
-fi
-printf '%s\n' "$current" >"$config"
-echo "INFO[0000] Wrote updated config to $dropin" >&2
-"""
-
 TIMINGS: dict[str, float] = {}
 
 
 # ---------------------------------------------------------------------------- helpers
 
 
-def vm_nodes(size_gb: int) -> list[dict[str, Any]]:
-    """The prod stack's `nodes`, its node pointed at the VM's disks."""
-    import yaml
-
-    nodes = yaml.safe_load((ROOT / "Pulumi.prod.yaml").read_text())["config"]["gpu-serving:nodes"]
-    nodes[0]["storage"] = {
-        "disks": [Vm.by_id(d) for d in DISKS], "sizeGb": size_gb, "raidName": "models", "mountpoint": MOUNT,
-    }  # fmt: skip
-    return nodes
+def vm_storage(size_gb: int) -> dict[str, Any]:
+    """The prod node's storage pointed at the VM's disks."""
+    return {"disks": [Vm.by_id(d) for d in DISKS], "sizeGb": size_gb, "raidName": "models", "mountpoint": MOUNT}
 
 
 def render_steps(size_gb: int, deployed: dict[str, Any] | None = None, runtime: str = "containerd") -> dict[str, dict[str, str]]:
     """{step: {"create", "delete"}} for the prod node pointed at the VM's disks, via the offline render."""
-    nodes = vm_nodes(size_gb)
-    nodes[0]["containerRuntime"] = runtime
-    overrides = {"gpu-serving:nodes": json.dumps(nodes), "gpu-serving:models": "[]"}
-    if runtime in ("k3s", "rke2"):  # neither makes the NVIDIA runtime the default: pods name the RuntimeClass
-        import yaml
-
-        cluster = yaml.safe_load((ROOT / "Pulumi.prod.yaml").read_text())["config"]["gpu-serving:cluster"]
-        overrides["gpu-serving:cluster"] = json.dumps({**cluster, "runtimeClassName": "nvidia"})
-    render = run_program("prod", overrides=overrides, deployed=deployed)
-    steps = {}
-    for cmd in render.of_type("command:remote:Command"):
-        node, _, step = cmd.name.partition(":")
-        if node == NODE:
-            steps[step] = {"create": cmd.inputs["create"], "delete": cmd.inputs["delete"]}
-    return steps
+    return rendered_steps(vm_storage(size_gb), runtime=runtime, deployed=deployed)
 
 
 def run(vm: Vm, text: str, *, check: bool = True, timeout: float = 900):
@@ -178,20 +120,24 @@ def test_foreign_data_is_refused_and_kept(vm, node):
     part_b = f"{Vm.by_id(DISKS[1])}-part5"
     # Our partitions, then a foreign filesystem with a file on disk b's.
     run(vm, steps["20-partition"]["create"])
-    # udev makes the by-id link of the new partition a moment after the step returns (the steps wait for it too).
-    vm.ssh(f"udevadm settle; for i in $(seq 100); do [ -e {part_b} ] && break; sleep 0.1; done\n"
-           f"mkfs.ext4 -q {part_b} && mkdir -p /mnt/x && mount {part_b} /mnt/x && head -c 1M /dev/urandom > /mnt/x/keep && sync")
-    kept = sha(vm, "/mnt/x/keep")
-    vm.ssh("umount /mnt/x")
-    for step in ("10-preflight", "30-raid"):
-        proc = run(vm, steps[step]["create"], check=False)
-        assert proc.returncode != 0, step
-        assert "ext4" in proc.stderr and "not our array" in proc.stderr, proc.stderr
-    assert vm.ssh(f"test -e {MD}", check=False).returncode != 0
-    vm.ssh(f"mount -o ro {part_b} /mnt/x")
-    assert sha(vm, "/mnt/x/keep") == kept
-    # The operator decides the data is disposable: wipe it, as the message says.
-    vm.ssh(f"umount /mnt/x && wipefs -a -q {part_b}")
+    try:
+        vm.wait_block(part_b)
+        vm.ssh(f"mkfs.ext4 -q {part_b} && mkdir -p /mnt/x && mount {part_b} /mnt/x && head -c 1M /dev/urandom > /mnt/x/keep && sync")
+        kept = sha(vm, "/mnt/x/keep")
+        vm.ssh("umount /mnt/x")
+        for step in ("10-preflight", "30-raid"):
+            proc = run(vm, steps[step]["create"], check=False)
+            assert proc.returncode != 0, step
+            assert "ext4" in proc.stderr and "not our array" in proc.stderr, proc.stderr
+        assert vm.ssh(f"test -e {MD}", check=False).returncode != 0
+        vm.wait_block(part_b)
+        vm.ssh(f"mount -o ro {part_b} /mnt/x")
+        assert sha(vm, "/mnt/x/keep") == kept
+    finally:
+        # The operator decides the data is disposable: wipe it, as the message says (also when the
+        # test failed, so the module's later tests start from our partitions, not from its ext4).
+        vm.wait_block(part_b)
+        vm.ssh(f"umount /mnt/x 2>/dev/null; wipefs -a -q {part_b}")
     assert_os_intact(vm, node)
 
 
@@ -265,7 +211,11 @@ def test_grow_keeps_data(vm, node):
     again = run_steps(vm, bigger, ["60-grow"], "grow-again")
     assert again["60-grow"]["result"] == "unchanged"
     # Shrinking back is refused at config load, against the outputs these real reports make...
-    outputs = storage_outputs(json.dumps(reports["70-health"]), json.dumps(reports["60-grow"]), Node.model_validate(vm_nodes(SIZE_B)[0]))
+    outputs = storage_outputs(
+        json.dumps(reports["70-health"]),
+        json.dumps(reports["60-grow"]),
+        Node.model_validate({**prod_node(), "storage": vm_storage(SIZE_B)}),
+    )
     with pytest.raises(RenderError, match=rf"nodes\[0\]\.storage\.sizeGb: {SIZE_A} would shrink .* Allowed: {SIZE_B} or more"):
         render_steps(SIZE_A, deployed={"nodes": {NODE: outputs}})
     # ...and on the node, before any write, with a message that says what to do.
@@ -277,10 +227,7 @@ def test_grow_keeps_data(vm, node):
 
 def test_runtime_step_with_fake_nvidia_ctk(vm, node):
     """FAKE nvidia-ctk and containerd: NVIDIA's packages are not installable here."""
-    vm.put_file(FAKE_NVIDIA_CTK, "/usr/local/bin/nvidia-ctk", "0755")
-    vm.put_file(FAKE_CONTAINERD, "/usr/local/bin/containerd", "0755")
-    vm.put_file(CONTAINERD_UNIT, "/etc/systemd/system/containerd.service")
-    vm.ssh("systemctl daemon-reload && systemctl start containerd")
+    install_fake_containerd(vm)
     invocation = "systemctl show -p InvocationID --value containerd"
     first_id = vm.ssh(invocation).stdout.strip()
     script = node["steps"]["80-runtime"]["create"]

@@ -1,7 +1,8 @@
 """The files the node steps read and write between runs, in the states a crash or another tool
-leaves them (issue 25, items 3, 5, 7, 11): mdadm.conf without a final newline, the raid step's
-`.new-array` record empty or without its newline, an unfinished XFS on an array the raid step did
-not create, and the boot unit's start timeout.
+leaves them (issue 25, items 3, 5, 6, 7, 10, 11, 13): mdadm.conf without a final newline, the raid
+step's `.new-array` record empty or without its newline, an unfinished XFS on an array the raid step
+did not create, the boot unit's start timeout, a node lock folder someone else made, an fstab line
+that names the array by another device path, and a bitmap md cannot add while a check runs.
 
 One VM with two blank 4 GiB disks. The record tests use a small scratch array on loop devices in
 the guest, so only the filesystem step runs on it. Skipped unless GS_VM_TESTS=1
@@ -17,27 +18,18 @@ from typing import Any
 
 import pytest
 from harness import Vm
+from steps import create_scripts
 
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tools.render import run_program  # noqa: E402
 
 DISKS = ("gs-disk-a", "gs-disk-b")
 CONF = "/etc/mdadm/mdadm.conf"
 ORDER = ["10-preflight", "20-partition", "30-raid", "40-filesystem", "50-mount", "60-grow", "70-health"]
 SCRATCH = "/dev/md/scratch"
 RECORD = "/var/lib/gpu-serving/scratch.new-array"
-
-
-def steps_for(storage: dict[str, Any]) -> dict[str, str]:
-    import yaml
-
-    nodes = yaml.safe_load((ROOT / "Pulumi.prod.yaml").read_text())["config"]["gpu-serving:nodes"]
-    nodes[0]["storage"] = storage
-    render = run_program("prod", overrides={"gpu-serving:nodes": json.dumps(nodes), "gpu-serving:models": "[]"})
-    return {c.name.split(":", 1)[1]: c.inputs["create"] for c in render.of_type("command:remote:Command")}
 
 
 def report(stdout: str) -> dict[str, Any]:
@@ -55,13 +47,13 @@ def node(vm: Vm) -> dict[str, Any]:
     # A hand-edited mdadm.conf whose last line has no newline (editors and `echo -n` leave such files).
     vm.ssh(f"printf '# edited by hand\\nHOMEHOST <system>\\nMAILADDR root' > {CONF}")
     storage = {"disks": [vm.disk_id(d) for d in DISKS], "sizeGb": 1, "raidName": "models", "mountpoint": "/mnt/models"}
-    steps = steps_for(storage)
+    steps = create_scripts(storage)
     reports = {}
     for name in ORDER:
         result = vm.ssh(steps[name], check=False, timeout=900)
         assert result.returncode == 0, (name, result.stdout, result.stderr)
         reports[name] = report(result.stdout)
-    return {"steps": steps, "reports": reports, "scratch": steps_for({**storage, "raidName": "scratch"})}
+    return {"steps": steps, "reports": reports, "scratch": create_scripts({**storage, "raidName": "scratch"})}
 
 
 def conf_lines(vm: Vm) -> list[str]:
@@ -147,3 +139,72 @@ def test_the_boot_unit_cannot_hold_the_kubelet_back_forever(vm: Vm, node: dict[s
     assert vm.ssh(f"systemctl show -p TimeoutStartUSec --value {unit}").stdout.strip() == "3min"
     assert "kubelet.service" in vm.ssh(f"systemctl show -p Before --value {unit}").stdout
     assert "kubelet.service" not in vm.ssh(f"systemctl show -p RequiredBy -p RequisiteOf --value {unit}").stdout
+
+
+@pytest.mark.parametrize(
+    ("made_by", "says"),
+    [
+        # A local user's folder (under /run/lock anyone could hold the lock or pre-create it).
+        ("mkdir -m 0777 /run/gpu-serving && chown nobody /run/gpu-serving", "is owned by uid 65534 with mode 777, not by root"),
+        ("mkdir -m 0775 /run/gpu-serving", "is owned by uid 0 with mode 775, not by root and writable by root only"),
+        ("ln -s /tmp /run/gpu-serving", "/run/gpu-serving is not a folder"),
+        # Something in the lock's place that cannot be opened for writing.
+        ("mkdir -m 0700 -p /run/gpu-serving/lock", "cannot open the node lock /run/gpu-serving/lock"),
+    ],
+)
+def test_a_lock_someone_else_made_is_refused_with_one_error_line(vm: Vm, node: dict[str, Any], made_by: str, says: str) -> None:
+    vm.ssh(f"rm -rf /run/gpu-serving && {made_by}")
+    try:
+        result = vm.ssh(node["steps"]["70-health"], check=False, timeout=300)
+        assert result.returncode != 0
+        assert errors(result.stderr) == [line for line in result.stderr.splitlines() if line.strip()], result.stderr
+        assert len(errors(result.stderr)) == 1 and says in result.stderr, result.stderr
+    finally:
+        vm.ssh("rm -rf /run/gpu-serving")
+    result = vm.ssh(node["steps"]["70-health"], check=False, timeout=300)
+    assert result.returncode == 0, result.stderr  # the step makes its own folder again
+    assert vm.ssh("stat -c '%u %a' /run/gpu-serving").stdout.split() == ["0", "700"]
+
+
+def test_the_lock_folder_an_earlier_version_made_is_taken_over(vm: Vm, node: dict[str, Any]) -> None:
+    # Root's, 0755: what the runtime step's restart marker left before the lock moved there.
+    vm.ssh("rm -rf /run/gpu-serving && mkdir -m 0755 /run/gpu-serving")
+    result = vm.ssh(node["steps"]["70-health"], check=False, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert vm.ssh("stat -c '%u %a' /run/gpu-serving").stdout.split() == ["0", "700"]
+
+
+def test_an_fstab_line_naming_the_array_by_another_device_path_is_replaced(vm: Vm, node: dict[str, Any]) -> None:
+    # Preflight takes such a line (an adopted role's, say) as the array's own; the mount step used to
+    # compare strings and refuse it after partition and raid had run.
+    uuid = node["reports"]["30-raid"]["uuid"]
+    by_id = f"/dev/disk/by-id/md-uuid-{uuid}"
+    assert vm.ssh(f"readlink -f {by_id}").stdout.strip() == vm.ssh("readlink -f /dev/md/models").stdout.strip()
+    vm.ssh(f"sed -i 's|^UUID=[^ ]* /mnt/models |{by_id} /mnt/models |' /etc/fstab && grep -q '^{by_id} ' /etc/fstab")
+    result = vm.ssh(node["steps"]["50-mount"], check=False, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert report(result.stdout)["result"] == "changed"
+    fstab = vm.ssh("cat /etc/fstab").stdout
+    assert by_id not in fstab and fstab.count(" /mnt/models xfs ") == 1, fstab
+    assert vm.ssh("findmnt -n -o TARGET /mnt/models").stdout.strip() == "/mnt/models"
+
+
+def test_a_bitmap_that_cannot_be_added_during_a_check_is_not_called_a_grow(vm: Vm, node: dict[str, Any]) -> None:
+    # Nothing to grow, no bitmap (an adopted array below 100 GB has none), and a check running:
+    # md refuses the bitmap until it ends. The step said "has grown" although nothing grew.
+    md = vm.ssh("basename $(readlink -f /dev/md/models)").stdout.strip()
+    sysfs = f"/sys/block/{md}/md"
+    vm.ssh(f"mdadm --grow /dev/md/models --bitmap=none && echo 1000 > {sysfs}/sync_speed_max && echo check > {sysfs}/sync_action")
+    try:
+        result = vm.ssh(node["steps"]["60-grow"], check=False, timeout=300)
+        assert result.returncode != 0
+        assert errors(result.stderr) == [
+            "ERROR: /dev/md/models has no write-intent bitmap, and md cannot add one during the check that runs now"
+            " (watch 'cat /proc/mdstat'); run pulumi up again when it has finished"
+        ], result.stderr
+    finally:
+        vm.ssh(f"echo idle > {sysfs}/sync_action; echo system > {sysfs}/sync_speed_max; mdadm --wait /dev/md/models || true")
+    result = vm.ssh(node["steps"]["60-grow"], check=False, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "adding it" in result.stdout and report(result.stdout)["result"] == "changed"
+    assert vm.ssh(f"cat {sysfs}/bitmap/location").stdout.strip() != "none"
