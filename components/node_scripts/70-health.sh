@@ -9,6 +9,8 @@ set -euo pipefail
 # `pulumi up --replace <this step's URN>` measures again, 'cat /proc/mdstat' is the live view.
 : "${GS_RAID_NAME:?}" "${GS_MOUNTPOINT:?}"
 
+need_root
+need_tools mdadm blkid findmnt df flock
 node_lock 70-health
 
 md=/dev/md/$GS_RAID_NAME

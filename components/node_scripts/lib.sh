@@ -2,8 +2,8 @@
 set -euo pipefail
 # Helpers shared by the node steps. components/node.py renders every step as:
 #   shebang + `set -euo pipefail` + quoted GS_* parameters + this file + the step body.
-# Functions only: loading this file changes nothing. Each process start is slow on a
-# busy node (and ~30 ms in the test VM), so the helpers read sysfs and use bash
+# Functions, and the ERR trap below: loading this file changes nothing else. Each process start
+# is slow on a busy node (and ~30 ms in the test VM), so the helpers read sysfs and use bash
 # builtins where they can instead of forking tools.
 
 # shellcheck disable=SC2034  # read by the steps
@@ -15,6 +15,20 @@ die() {
   printf 'ERROR: %s\n' "$*" >&2
   exit 1
 }
+
+# A command that fails where no check expects it ends the step under `set -e` with only its own
+# words, or none (a killed one): say which, in one ERROR line. errtrace carries the trap into
+# functions. Only the step's own shell speaks: a subshell's failure reaches it as its exit status.
+# The command's text is the script's (no expanded values), so it holds no configuration.
+on_error() {
+  [[ $BASHPID == "$$" ]] || return 0
+  local text=${BASH_COMMAND//$'\n'/ }
+  ((${#text} <= 100)) || text="${text:0:100}…"
+  printf "ERROR: '%s' failed (exit %s, line %s of this step); its own message, if any, is above. Fix that, then run pulumi up again\n" "$text" "$1" "$2" >&2
+  exit "$1"
+}
+set -E
+trap 'on_error $? $LINENO' ERR
 
 need_root() {
   ((EUID == 0)) || die "the node steps need root; set the node's ssh.user to root"

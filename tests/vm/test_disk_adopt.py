@@ -123,30 +123,41 @@ def test_a_second_array_past_2_tib_on_the_same_disks(vm: Vm, node: dict[str, Any
     assert sha(vm, f"{MOUNT}/model.safetensors") == node["data"]
 
 
-def test_an_array_with_its_superblock_at_the_end_is_refused_before_any_write(vm: Vm, node: dict[str, Any]) -> None:
+# What storage.adopt refuses, each built on a fresh pair of partitions 8 and refused by every step
+# that checks the adoption, before any write: (mdadm --create arguments, mkfs, the ERROR's words).
+NOT_ADOPTABLE = [
     # Metadata 1.0 (or 0.90): the XFS at each member's start makes the members look foreign, and a
-    # grown partition leaves the superblock behind. Refused before mdadm.conf is rewritten.
+    # grown partition leaves the superblock behind.
+    ("--metadata=1.0 --level=1 --raid-devices=2 --assume-clean {a} {b}", "mkfs.xfs -q", "has metadata 1.0 (superblock at the end"),
+    ("--level=1 --raid-devices=2 --assume-clean {a} {b}", "mkfs.ext4 -q", "carries ext4, not XFS; only an XFS array can be adopted"),
+    ("--level=0 --raid-devices=2 {a} {b}", "mkfs.xfs -q", "is raid0 with 2 members; only a two-member RAID1 can be adopted"),
+    # Degraded: only a's member; adopt it after the repair.
+    ("--level=1 --raid-devices=2 --assume-clean {a} missing", "mkfs.xfs -q", "has no member on"),
+]
+
+
+def test_what_cannot_be_adopted_is_refused_before_any_write(vm: Vm, node: dict[str, Any]) -> None:
     parts = []
     for disk in node["disks"]:
         vm.ssh(f"parted -s -a optimal {disk} mkpart legacy 2300GB 2301GB && udevadm settle")
         parts.append(vm.ssh(f"readlink -f {disk}-part8").stdout.strip())
-    vm.ssh(
-        f"mdadm --create /dev/md/legacy --metadata=1.0 --level=1 --raid-devices=2 --assume-clean --run {' '.join(parts)}"
-        " && mkfs.xfs -q /dev/md/legacy && udevadm settle"
-    )
-    kept = vm.ssh(f"sha256sum {CONF} /etc/fstab; ls /dev/md").stdout
-    try:
-        steps = create_scripts(
-            {"disks": node["disks"], "sizeGb": 1, "raidName": "legacy2", "mountpoint": "/mnt/legacy", "adopt": "/dev/md/legacy"}
-        )
-        for name in ("10-preflight", "20-partition", "30-raid"):
-            result = vm.ssh(steps[name], check=False, timeout=300)
-            assert result.returncode != 0, name
-            errors = [line for line in result.stderr.splitlines() if line.startswith("ERROR: ")]
-            assert len(errors) == 1 and "storage.adopt: /dev/md/legacy has metadata 1.0" in errors[0], (name, result.stderr)
-        assert vm.ssh(f"sha256sum {CONF} /etc/fstab; ls /dev/md").stdout == kept
-    finally:
-        vm.ssh(f"mdadm --stop /dev/md/legacy; wipefs -a -q {' '.join(parts)}; udevadm settle", check=False)
+    files = vm.ssh(f"sha256sum {CONF} /etc/fstab").stdout
+    storage = {"disks": node["disks"], "sizeGb": 1, "raidName": "legacy2", "mountpoint": "/mnt/legacy", "adopt": "/dev/md/legacy"}
+    steps = create_scripts(storage)
+    for create, mkfs, words in NOT_ADOPTABLE:
+        members = create.format(a=parts[0], b=parts[1])
+        vm.ssh(f"mdadm --create /dev/md/legacy {members} --run && {mkfs} /dev/md/legacy && udevadm settle")
+        arrays = vm.ssh("ls /dev/md").stdout
+        try:
+            for name in ("10-preflight", "20-partition", "30-raid"):
+                result = vm.ssh(steps[name], check=False, timeout=300)
+                assert result.returncode != 0, (words, name)
+                errors = [line for line in result.stderr.splitlines() if line.startswith("ERROR: ")]
+                assert len(errors) == 1 and words in errors[0] and "storage.adopt: /dev/md/legacy" in errors[0], (name, result.stderr)
+            assert vm.ssh(f"sha256sum {CONF} /etc/fstab").stdout == files and vm.ssh("ls /dev/md").stdout == arrays
+        finally:
+            # The filesystem inside the array too: the next variant's mkfs (never forced) would refuse it.
+            vm.ssh(f"wipefs -a -q /dev/md/legacy; mdadm --stop /dev/md/legacy; wipefs -a -q {' '.join(parts)}; udevadm settle", check=False)
     assert sha(vm, f"{MOUNT}/model.safetensors") == node["data"]
 
 

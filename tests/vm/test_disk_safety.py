@@ -240,8 +240,13 @@ def test_grow_waits_for_a_resync_and_keeps_the_bitmap(vm: Vm, node: dict[str, An
 def test_a_new_disk_under_a_moved_name_is_not_added_to_a_healthy_array(vm: Vm, node: dict[str, Any]) -> None:
     vm.ssh(f"sgdisk -R {D} {A} >/dev/null && sgdisk -G {D} >/dev/null && sgdisk -d 5 {D} >/dev/null && partprobe {D} && udevadm settle")
     idle(vm)
-    message = refused(vm, steps_for([A, D], size_gb=2), "already has all its members active", [A, B, D])
+    steps = steps_for([A, D], size_gb=2)
+    message = refused(vm, steps, "already has all its members active", [A, B, D])
     assert "/dev/disk/by-id" in message
+    assert "spare" not in members(vm)
+    # The raid step refuses on its own too, once D has its partition (preflight passed over).
+    assert up(vm, steps, ["20-partition"]) is None
+    refused(vm, steps, "already has all its members active; refusing to add it as a spare", [A, B, D], names=["30-raid"], at="30-raid")
     assert "spare" not in members(vm)
 
 

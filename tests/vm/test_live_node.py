@@ -7,7 +7,7 @@ One VM for the module; the tests build on each other, in file order:
     first run with a DKMS rollback initramfs beside the real one (kept, second run unchanged) ->
     kubelet-like bind mounts + a process holding a model file open -> every step again, as is and
     with a comment changed in lib.sh (all survive) -> device timeout change (fstab rewritten,
-    synced before the rename, nothing unmounted) -> k3s ordering -> mountpoint change refused
+    synced before the rename, nothing unmounted) -> k3s and rke2 ordering -> mountpoint change refused
     until drained (and a new one inside the old one refused before anything is unmounted) ->
     runtime: invalid TOML restored without restart, a config that loads but leaves containerd
     without its CRI restored and restarted again (issue 25), imports kept and a big --help read
@@ -173,17 +173,20 @@ def test_timeout_change_rewrites_fstab_synced_and_unmounts_nothing(vm, node):
     assert live_state(vm) == before
 
 
-def test_k3s_orders_the_mount_before_its_own_units(vm, node):
+@pytest.mark.parametrize(
+    ("runtime", "units"), [("k3s", ["k3s.service", "k3s-agent.service"]), ("rke2", ["rke2-server.service", "rke2-agent.service"])]
+)
+def test_k3s_and_rke2_order_the_mount_before_their_own_units(vm, node, runtime, units):
     before = live_state(vm)
-    k3s = render_steps(runtime="k3s")["50-mount"]
-    assert report(run(vm, k3s).stdout)["result"] == "changed"
+    mount = render_steps(runtime=runtime)["50-mount"]
+    assert report(run(vm, mount).stdout)["result"] == "changed"
     fstab = vm.ssh(f"grep ' {MOUNT} ' /etc/fstab").stdout
-    assert "x-systemd.before=k3s.service,x-systemd.before=k3s-agent.service" in fstab
+    assert ",".join(f"x-systemd.before={u}" for u in units) in fstab
     assert "kubelet.service" not in fstab
     order = vm.ssh("systemctl show -p Before mnt-models.mount").stdout.split("=", 1)[1].split()
-    assert {"k3s.service", "k3s-agent.service"} <= set(order)
+    assert set(units) <= set(order)
     unit = vm.ssh("systemctl show -p Before gpu-serving-array-models.service").stdout
-    assert "k3s-agent.service" in unit and "k3s.service" in unit
+    assert all(u in unit for u in units)
     assert live_state(vm) == before
     assert report(run(vm, node["steps"]["50-mount"]).stdout)["result"] == "changed"
     assert "x-systemd.before=kubelet.service 0 0" in vm.ssh("cat /etc/fstab").stdout

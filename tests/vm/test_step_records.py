@@ -12,6 +12,7 @@ the guest, so only the filesystem step runs on it. Skipped unless GS_VM_TESTS=1
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -166,6 +167,26 @@ def test_a_lock_someone_else_made_is_refused_with_one_error_line(vm: Vm, node: d
     assert vm.ssh("stat -c '%u %a' /run/gpu-serving").stdout.split() == ["0", "700"]
 
 
+def test_every_step_waits_for_the_lock_and_names_who_holds_it(vm: Vm, node: dict[str, Any]) -> None:
+    # A step that holds it (its pid alive, as the holder file says), not a bare flock.
+    pid = vm.ssh("setsid sleep 600 </dev/null >/dev/null 2>&1 & echo $!").stdout.strip()
+    group = vm.ssh(f"echo '{pid} 30-raid, pid 4121, since 2026-12-04 14:35:38' > /run/gpu-serving/holder\n"
+                   "setsid flock /run/gpu-serving/lock sleep 600 </dev/null >/dev/null 2>&1 & echo $!\n"
+                   "while flock -n /run/gpu-serving/lock true; do sleep 0.2; done").stdout.strip()  # fmt: skip
+    try:
+        for name in ORDER:
+            result = vm.ssh("export GS_LOCK_WAIT=1\n" + node["steps"][name], check=False, timeout=120)
+            assert result.returncode != 0, name
+            assert errors(result.stderr) == [
+                "ERROR: another gpu-serving step (30-raid, pid 4121, since 2026-12-04 14:35:38) has held /run/gpu-serving/lock on"
+                " this node for 1s (a second pulumi up, or two nodes[] entries for this machine); see 'fuser -v /run/gpu-serving/lock',"
+                " wait for it to finish and run pulumi up again"
+            ], (name, result.stderr)
+    finally:
+        vm.ssh(f"kill -- -{group}; kill {pid}", check=False)
+    assert vm.ssh(node["steps"]["70-health"], check=False, timeout=300).returncode == 0
+
+
 def test_the_lock_folder_an_earlier_version_made_is_taken_over(vm: Vm, node: dict[str, Any]) -> None:
     # Root's, 0755: what the runtime step's restart marker left before the lock moved there.
     vm.ssh("rm -rf /run/gpu-serving && mkdir -m 0755 /run/gpu-serving")
@@ -208,3 +229,28 @@ def test_a_bitmap_that_cannot_be_added_during_a_check_is_not_called_a_grow(vm: V
     assert result.returncode == 0, result.stderr
     assert "adding it" in result.stdout and report(result.stdout)["result"] == "changed"
     assert vm.ssh(f"cat {sysfs}/bitmap/location").stdout.strip() != "none"
+
+
+def test_a_command_killed_in_any_step_ends_it_with_one_error_line_and_the_next_run_converges(vm: Vm, node: dict[str, Any]) -> None:
+    # Induced failures on a converged node (what a re-run meets): each tool a disk step needs is,
+    # in turn, SIGKILLed whenever the step runs it (a stand-in earlier in PATH). A step may still
+    # succeed (the tool was not needed, or its failure is handled); if it fails it says so.
+    sweep = ["set -u; rm -f /root/sweep.out"]
+    for name in ORDER:
+        tools = re.findall(r"^need_tools ([a-z0-9_. -]+)$", node["steps"][name], re.M)
+        assert tools, name
+        vm.put_file(node["steps"][name], f"/root/{name}.sh", "0700")
+        for tool in tools[0].split():
+            sweep.append(
+                f"printf '#!/bin/sh\\nkill -KILL $$\\n' > /usr/local/sbin/{tool}; chmod 755 /usr/local/sbin/{tool}\n"
+                f"bash /root/{name}.sh </dev/null >/dev/null 2>/root/err; rc=$?; rm -f /usr/local/sbin/{tool}\n"
+                f"bash /root/{name}.sh </dev/null >/dev/null 2>/root/err2; again=$?\n"
+                f"echo \"{name} {tool} $rc $(grep -c '^ERROR: ' /root/err) $again\" >> /root/sweep.out"
+            )
+    vm.run_script("\n".join(sweep), timeout=1800)
+    rows = [line.split() for line in vm.ssh("cat /root/sweep.out").stdout.splitlines()]
+    assert len(rows) >= 7 * 5, rows
+    silent = [r for r in rows if r[2] != "0" and r[3] != "1"]
+    assert not silent, f"failed without exactly one ERROR line (step tool rc errors): {silent}"
+    assert [r for r in rows if r[4] != "0"] == [], rows
+    assert any(r[2] != "0" for r in rows)  # the sweep did make steps fail
