@@ -15,20 +15,23 @@ if str(ROOT) not in sys.path:
 from tools.render import run_program  # noqa: E402
 
 
-def prod_node() -> dict[str, Any]:
-    """The prod stack's first node, as Pulumi.prod.yaml writes it."""
+def prod_config() -> dict[str, Any]:
+    """Pulumi.prod.yaml's `config`, freshly read (callers change it)."""
     import yaml
 
-    return yaml.safe_load((ROOT / "Pulumi.prod.yaml").read_text())["config"]["gpu-serving:nodes"][0]
+    return yaml.safe_load((ROOT / "Pulumi.prod.yaml").read_text())["config"]
+
+
+def prod_node() -> dict[str, Any]:
+    """The prod stack's first node, as Pulumi.prod.yaml writes it."""
+    return prod_config()["gpu-serving:nodes"][0]
 
 
 def rendered_steps(
     storage: dict[str, Any], *, runtime: str = "containerd", deployed: dict[str, Any] | None = None
 ) -> dict[str, dict[str, str]]:
     """{step: {"create": script, "delete": script}} of the prod stack's node with ``storage``."""
-    import yaml
-
-    config = yaml.safe_load((ROOT / "Pulumi.prod.yaml").read_text())["config"]
+    config = prod_config()
     nodes = config["gpu-serving:nodes"]
     nodes[0]["storage"] = storage
     nodes[0]["containerRuntime"] = runtime

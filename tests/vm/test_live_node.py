@@ -244,38 +244,38 @@ def fresh_containerd_config(vm: Vm, mode: str) -> None:
            f" && echo {mode} > /etc/fake-nvidia-ctk.mode")
 
 
-def test_runtime_invalid_toml_is_restored_without_restart(vm, node):
-    fresh_containerd_config(vm, "invalid")
+def runtime_step_fails_and_restores(vm: Vm, node: dict[str, Any], mode: str) -> tuple[Any, str]:
+    """The runtime step, the toolkit behaving as `mode`, fails and leaves config.toml as it was (content,
+    mtime, mode), no drop-in, no restart marker, the configuration unprinted. Returns its result and
+    containerd's InvocationID from before the run."""
+    fresh_containerd_config(vm, mode)
     files = f"sha256sum {CONFIG}; stat -c '%n %Y %a' {CONFIG}"
     before = vm.ssh(files).stdout
     invocation = vm.ssh(INVOCATION.format("containerd")).stdout.strip()
     proc = run(vm, node["steps"]["80-runtime"], check=False)
     assert proc.returncode == 1
-    assert "containerd cannot load the configuration" in proc.stderr and "restored" in proc.stderr
     assert vm.ssh(files).stdout == before
     assert vm.ssh(f"test -e {DROPIN}", check=False).returncode == 1
-    assert vm.ssh(INVOCATION.format("containerd")).stdout.strip() == invocation
     assert vm.ssh("test -e /run/gpu-serving/containerd-restart-pending", check=False).returncode == 1
     assert "mirror.example" not in proc.stdout + proc.stderr  # configuration is never printed
+    return proc, invocation
+
+
+def test_runtime_invalid_toml_is_restored_without_restart(vm, node):
+    proc, invocation = runtime_step_fails_and_restores(vm, node, "invalid")
+    assert "containerd cannot load the configuration" in proc.stderr and "restored" in proc.stderr
+    assert vm.ssh(INVOCATION.format("containerd")).stdout.strip() == invocation
 
 
 def test_runtime_without_a_cri_after_the_restart_is_restored_and_restarted(vm, node):
     # The toolkit's config loads (config dump passes) but names a default runtime it does not
     # configure: containerd starts without its CRI plugin, and the kubelet would find no runtime.
-    fresh_containerd_config(vm, "noruntime")
-    files = f"sha256sum {CONFIG}; stat -c '%n %Y %a' {CONFIG}"
-    before = vm.ssh(files).stdout
-    invocation = vm.ssh(INVOCATION.format("containerd")).stdout.strip()
-    proc = run(vm, node["steps"]["80-runtime"], check=False)
-    assert proc.returncode == 1
+    proc, invocation = runtime_step_fails_and_restores(vm, node, "noruntime")
     errors = [line for line in proc.stderr.splitlines() if line.startswith("ERROR: ")]
     assert len(errors) == 1 and "CRI plugin did not come up" in errors[0] and "restarted with them" in errors[0], proc.stderr
-    assert vm.ssh(files).stdout == before and vm.ssh(f"test -e {DROPIN}", check=False).returncode == 1
     assert vm.ssh(INVOCATION.format("containerd")).stdout.strip() != invocation
     cri = [line.split() for line in vm.ssh("ctr plugins ls").stdout.splitlines() if line.split()[:2] == ["io.containerd.grpc.v1", "cri"]]
     assert cri and cri[0][-1] == "ok"  # running on the restored files
-    assert vm.ssh("test -e /run/gpu-serving/containerd-restart-pending", check=False).returncode == 1
-    assert "mirror.example" not in proc.stdout + proc.stderr
     # A fixed toolkit: the next run goes through.
     vm.ssh("echo good > /etc/fake-nvidia-ctk.mode")
     assert report(run(vm, node["steps"]["80-runtime"]).stdout)["result"] == "changed"
