@@ -158,9 +158,11 @@ if ((found)); then
 else
   say "adding to $MDADM_CONF: $line"
   mkdir -p "${MDADM_CONF%/*}"
-  # A file that does not end in a newline would otherwise get the line glued onto its last one.
-  [[ ! -s $MDADM_CONF || -z $(tail -c1 "$MDADM_CONF") ]] || printf '\n' >>"$MDADM_CONF"
-  printf '%s\n' "$line" >>"$MDADM_CONF"
+  # Rewritten whole and synced, not appended: a power cut leaves the old file or the new one. $(<)
+  # drops the final newline(s), so a file without one does not get the line glued onto its last.
+  text=""
+  [[ ! -s $MDADM_CONF ]] || text=$(<"$MDADM_CONF")$'\n'
+  write_atomic "$MDADM_CONF" "$(stat -c %a "$MDADM_CONF" 2>/dev/null || echo 644)" "$text$line"$'\n'
   changed=1
 fi
 

@@ -38,7 +38,7 @@ probe() {
 # finished on it since. Sets UUID (the array's) for messages.
 fresh_array() {
   local created=""
-  UUID=$(mdadm --detail --export "$md" 2>/dev/null | sed -n 's/^MD_UUID=//p') || true
+  UUID=$(array_uuid "$md")
   # A record without a final newline still names it; an empty one (a crash) names nothing.
   [[ ! -r $new_array ]] || read -r created <"$new_array" || true
   [[ -n $UUID && $created == "$UUID" ]]

@@ -152,7 +152,7 @@ helper=/usr/local/sbin/gpu-serving-start-array
 unit=gpu-serving-array-$GS_RAID_NAME.service
 # The helper waits at most ~90 s for the disk (15 rounds of udev settle and a second), then mounts.
 BOOT_UNIT_TIMEOUT=180
-md_uuid=$(mdadm --detail --export "$md" 2>/dev/null | sed -n 's/^MD_UUID=//p') || true
+md_uuid=$(array_uuid "$md")
 [[ -n $md_uuid ]] || die "mdadm shows no array UUID for $md; check 'mdadm --detail $md' and run pulumi up again"
 unit_arg() {
   local a=${1//\\/\\\\}
@@ -213,6 +213,9 @@ WantedBy=multi-user.target
   if ((units)) || ! systemctl -q is-enabled "$unit" 2>/dev/null; then
     systemctl daemon-reload
     systemctl -q enable "$unit"
+    # enable's symlink is not synced by systemctl: a power cut now would lose it (and the unit's
+    # degraded start at the next boot). sync -f is syncfs(2) of the filesystem that holds /etc.
+    sync -f "/etc/systemd/system/$unit"
     changed=1
   fi
 fi

@@ -362,7 +362,7 @@ adopt_check() {
 # ADOPT_CHANGED=1 when it changed anything.
 # shellcheck disable=SC2034  # ADOPT_CHANGED is read by the steps
 adopt_record() {
-  local want="ARRAY /dev/md/$GS_RAID_NAME metadata=$ADOPT_META UUID=$ADOPT_UUID" line word dev rest keep=() have=0 dropped=0
+  local want="ARRAY /dev/md/$GS_RAID_NAME metadata=$ADOPT_META UUID=$ADOPT_UUID" line word dev rest text keep=() have=0 dropped=0
   ADOPT_CHANGED=0
   mdadm_conf
   if [[ -r $MDADM_CONF ]]; then
@@ -385,9 +385,8 @@ adopt_record() {
     ((have == 1)) || keep+=("$want")
     say "adopting $GS_ADOPT: $MDADM_CONF now says: $want"
     mkdir -p "${MDADM_CONF%/*}"
-    printf '%s\n' "${keep[@]}" >"$MDADM_CONF.gpu-serving"
-    chmod 644 "$MDADM_CONF.gpu-serving"
-    mv -f "$MDADM_CONF.gpu-serving" "$MDADM_CONF"
+    printf -v text '%s\n' "${keep[@]}"
+    write_atomic "$MDADM_CONF" 644 "$text"
     ADOPT_CHANGED=1
   fi
   if [[ $(readlink -f "/dev/md/$GS_RAID_NAME" 2>/dev/null) != "/dev/$ADOPT_DEV" ]]; then
@@ -469,6 +468,11 @@ mdadm_conf() {
   else
     MDADM_CONF=/etc/mdadm.conf # RHEL, Rocky, Fedora, SUSE
   fi
+}
+
+# array_uuid DEV: prints the UUID of the running array DEV, nothing when mdadm shows none.
+array_uuid() {
+  mdadm --detail --export "$1" 2>/dev/null | sed -n 's/^MD_UUID=//p' || true
 }
 
 # write_atomic PATH MODE TEXT: replace PATH by TEXT (written as is) so that a crash at any moment

@@ -656,6 +656,17 @@ class Vm:
         # The connection may drop before ssh sees an exit status (255): ignore.
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.ssh("systemctl reboot", check=False, timeout=30)
+        self._await_boot(old, timeout)
+
+    def power_cut(self, *, timeout: float | None = None) -> None:
+        """Reset the guest at once, as a power cut would (qemu's ``system_reset``): what the guest
+        had not written to its disks is gone, what it wrote is kept (qemu's own writes reach the
+        host). Then wait for SSH from the new boot."""
+        old = self.boot_id()
+        self.monitor("system_reset")
+        self._await_boot(old, timeout)
+
+    def _await_boot(self, old: str, timeout: float | None) -> None:
         self._stop_mux()
         self.wait_ssh(timeout or self.boot_timeout + 60, not_boot_id=old)
         self._start_mux()
@@ -1032,26 +1043,31 @@ ROLE_OS_TABLE = "-n1:1M:+32M -c1:efi -t1:ef00 -n2:33M:+64M -c2:boot -n3:97M:+64M
 ROLE_MD = "/dev/md1"
 
 
-def ansible_role_layout(vm: Vm, disks: Sequence[str], mountpoint: str, data: str = "model.safetensors") -> dict[str, str]:
+def ansible_role_layout(
+    vm: Vm, disks: Sequence[str], mountpoint: str, data: str = "model.safetensors", *, resynced: bool = True
+) -> dict[str, str]:
     """What roles/gpu_model_storage left on k8s-worker-02, built on two blank disks (guest paths,
     by-id): OS partitions 1-4, partition 5 from 34 GB (parted's decimal units) of
     gpu_model_storage_partition_size_gb (1 here), `mdadm --create /dev/md1`, mkfs.xfs,
     ansible.posix.mount by UUID with nofail, `mdadm --detail --scan` appended to mdadm.conf, and a
-    16 MiB file of data, the array resynced (the role ran long ago). The disks must be larger than
-    35 GB (sparse files are). Returns the data's path and sha256, the filesystem's and the array's
-    UUID and partition 5's start (bytes)."""
+    16 MiB file of data, the array resynced (the role ran long ago). With ``resynced=False`` the
+    array's first resync is slowed to 1 MB/s and still runs when this returns (about 17 minutes;
+    ``echo system > /sys/block/md1/md/sync_speed_max`` lets it finish). The disks must be larger
+    than 35 GB (sparse files are). Returns the data's path and sha256, the filesystem's and the
+    array's UUID and partition 5's start (bytes)."""
     a, b = disks
     vm.run_script(
         "set -euo pipefail\n"
         f"for d in {a} {b}; do sgdisk {ROLE_OS_TABLE} $d >/dev/null; parted -s -a optimal $d mkpart primary 34GB 35GB; done\n"
         f"partprobe {a} {b}; udevadm settle\n"
         f"mdadm --create {ROLE_MD} --level=1 --raid-devices=2 --metadata=1.2 --run {a}-part5 {b}-part5\n"
-        f"mkfs.xfs -q {ROLE_MD}; udevadm settle\n"
+        + ("" if resynced else "echo 1000 > /sys/block/md1/md/sync_speed_max\n")
+        + f"mkfs.xfs -q {ROLE_MD}; udevadm settle\n"
         f"mkdir -p {mountpoint}; echo \"UUID=$(blkid -s UUID -o value {ROLE_MD}) {mountpoint} xfs defaults,nofail 0 0\" >> /etc/fstab\n"
         # Only md1's line: the machine may run other arrays (the lab VM runs the lab stack's).
         f"mdadm --detail --scan | grep '^ARRAY {ROLE_MD} ' >> /etc/mdadm/mdadm.conf\n"
         f"mount {mountpoint}; head -c 16M /dev/urandom > {mountpoint}/{data}; sync\n"
-        "while [ $(cat /sys/block/md1/md/sync_action) != idle ]; do sleep 1; done\n",
+        + ("while [ $(cat /sys/block/md1/md/sync_action) != idle ]; do sleep 1; done\n" if resynced else ""),
         timeout=900,
     )
 

@@ -4,8 +4,9 @@ One VM with two 3 TiB sparse NVMe disks (guest names nvme0n1/nvme1n1, partitions
 file order:
 
     the role's exact layout (OS partitions, partition 5 at the role's fixed 34 GB start, RAID1
-    /dev/md1, XFS, its fstab and mdadm.conf lines, data) -> adopted with storage.adopt and grown:
-    nothing created or formatted, data kept, one fstab and one ARRAY line -> a second run changes
+    /dev/md1, XFS, its fstab and mdadm.conf lines, data), its first resync still running ->
+    adopted with storage.adopt during the resync, the grow refused until it ends -> grown once it
+    has: nothing created or formatted, data kept, one fstab and one ARRAY line -> a second run changes
     nothing -> a reboot brings it back as /dev/md/models, mounted -> a second array built by us
     past the 2 TiB mark of the same disks -> a boot with one disk missing starts the adopted array
     degraded and mounts it.
@@ -38,9 +39,9 @@ CONF = "/etc/mdadm/mdadm.conf"
 ORDER = ["10-preflight", "20-partition", "30-raid", "40-filesystem", "50-mount", "60-grow", "70-health"]
 
 
-def up(vm: Vm, steps: dict[str, str]) -> dict[str, dict[str, Any]]:
+def up(vm: Vm, steps: dict[str, str], names: list[str] = ORDER) -> dict[str, dict[str, Any]]:
     reports = {}
-    for name in ORDER:
+    for name in names:
         result = vm.ssh(steps[name], check=False, timeout=900)
         assert result.returncode == 0, (name, result.stdout, result.stderr)
         reports[name] = json.loads([line for line in result.stdout.splitlines() if line.startswith("{")][-1])
@@ -60,7 +61,7 @@ def vm(vm_booted: BootedState, tmp_path_factory: pytest.TempPathFactory) -> Iter
 @pytest.fixture(scope="module")
 def node(vm: Vm) -> dict[str, Any]:
     disks = [vm.disk_id(n) for n in NAMES]
-    built = ansible_role_layout(vm, disks, MOUNT)
+    built = ansible_role_layout(vm, disks, MOUNT, resynced=False)
     assert vm.ssh("cat /sys/block/md1/md/bitmap/location").stdout.strip() == "none"  # mdadm adds none below 100 GB
     return {
         "disks": disks,
@@ -69,7 +70,28 @@ def node(vm: Vm) -> dict[str, Any]:
     }
 
 
-def test_the_roles_array_is_adopted_and_grown_with_its_data(vm: Vm, node: dict[str, Any]) -> None:
+def test_the_roles_array_is_adopted_during_its_resync_and_grown_only_after(vm: Vm, node: dict[str, Any]) -> None:
+    # A node the role set up just before the migration (or that crashed): its array still resyncs.
+    reports = up(vm, node["steps"], ORDER[:5])
+    assert vm.ssh("cat /sys/block/md1/md/sync_action").stdout.strip() == "resync"  # it really met one
+    assert reports["40-filesystem"]["uuid"] == node["fs_uuid"] and reports["30-raid"]["uuid"] == node["md_uuid"]
+    assert vm.ssh(f"readlink -f {MD}").stdout.strip() == vm.ssh("readlink -f /dev/md1").stdout.strip()
+    assert vm.ssh(f"findmnt -n -o SOURCE {MOUNT}").stdout.strip() == vm.ssh("readlink -f /dev/md1").stdout.strip()
+    tables = {disk: vm.ssh(f"parted -m -s {disk} unit B print").stdout for disk in node["disks"]}
+    grow = vm.ssh(node["steps"]["60-grow"], check=False, timeout=300)
+    assert grow.returncode != 0
+    errors = [line for line in grow.stderr.splitlines() if line.startswith("ERROR: ")]
+    assert len(errors) == 1 and errors[0].startswith(f"ERROR: {MD}: resync in progress, "), grow.stderr
+    assert "re-run pulumi up later" in errors[0]
+    assert {disk: vm.ssh(f"parted -m -s {disk} unit B print").stdout for disk in node["disks"]} == tables  # nothing grown
+    health = up(vm, node["steps"], ["70-health"])["70-health"]
+    assert health["health"] == "resyncing", health
+    assert sha(vm, f"{MOUNT}/model.safetensors") == node["data"]
+
+
+def test_the_roles_array_is_grown_with_its_data_once_the_resync_ends(vm: Vm, node: dict[str, Any]) -> None:
+    vm.ssh("echo system > /sys/block/md1/md/sync_speed_max && mdadm --wait /dev/md1 || true", timeout=900)
+    assert vm.ssh("cat /sys/block/md1/md/sync_action").stdout.strip() == "idle"
     reports = up(vm, node["steps"])
     assert [d["partition"] for d in reports["10-preflight"]["disks"]] == ["adopt", "adopt"]
     assert reports["40-filesystem"]["result"] == "unchanged"

@@ -2,7 +2,9 @@
 leaves them (issue 25, items 3, 5, 6, 7, 10, 11, 13): mdadm.conf without a final newline, the raid
 step's `.new-array` record empty or without its newline, an unfinished XFS on an array the raid step
 did not create, the boot unit's start timeout, a node lock folder someone else made, an fstab line
-that names the array by another device path, and a bitmap md cannot add while a check runs.
+that names the array by another device path, a bitmap md cannot add while a check runs, and what
+the mount step wrote (fstab, the boot unit and its helper, the unit enabled) through a power cut just
+after it (issue 25: fsync of the unit files).
 
 One VM with two blank 4 GiB disks. The record tests use a small scratch array on loop devices in
 the guest, so only the filesystem step runs on it. Skipped unless GS_VM_TESTS=1
@@ -254,3 +256,21 @@ def test_a_command_killed_in_any_step_ends_it_with_one_error_line_and_the_next_r
     assert not silent, f"failed without exactly one ERROR line (step tool rc errors): {silent}"
     assert [r for r in rows if r[4] != "0"] == [], rows
     assert any(r[2] != "0" for r in rows)  # the sweep did make steps fail
+
+
+def test_what_the_mount_step_wrote_survives_a_power_cut_just_after_it(vm: Vm, node: dict[str, Any]) -> None:
+    # ext4 commits its journal every 5 s and the kernel writes dirty pages back after 30 s: widen
+    # both to ten minutes, so that only what the step syncs itself is on the disk when the power goes.
+    unit = "gpu-serving-array-models.service"
+    files = [f"/etc/systemd/system/{unit}", "/usr/local/sbin/gpu-serving-start-array", "/etc/fstab"]
+    written = {path: vm.ssh(f"cat {path}").stdout for path in files}
+    # What the mount step wrote on the first run goes (durably), so that this run writes it all again.
+    vm.ssh(f"systemctl -q disable {unit} && rm {' '.join(files[:2])} && sed -i '\\| /mnt/models |d' /etc/fstab && sync")
+    vm.ssh("mount -o remount,commit=600 / && sysctl -q vm.dirty_expire_centisecs=60000 vm.dirty_writeback_centisecs=0")
+    result = vm.ssh(node["steps"]["50-mount"], check=False, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert report(result.stdout)["result"] == "changed"
+    vm.power_cut()
+    assert {path: vm.ssh(f"cat {path}", check=False).stdout for path in files} == written
+    assert vm.ssh(f"systemctl is-enabled {unit}", check=False).stdout.strip() == "enabled"
+    assert vm.ssh("findmnt -n -o SOURCE /mnt/models").stdout.strip() == vm.ssh("readlink -f /dev/md/models").stdout.strip()
