@@ -61,8 +61,10 @@ STEP_PARAMS: dict[str, tuple[str, ...]] = {
     "20-partition": ("GS_DISKS", "GS_PART_NAME", "GS_PART_BYTES", "GS_ADOPT"),
     "30-raid": ("GS_DISKS", "GS_RAID_NAME", "GS_PART_NAME", "GS_ADOPT"),
     "40-filesystem": ("GS_RAID_NAME",),
-    # The runtime names the unit that runs the kubelet: the mount is ordered before it.
-    "50-mount": ("GS_RAID_NAME", "GS_MOUNTPOINT", "GS_DEVICE_TIMEOUT", "GS_RUNTIME"),
+    # The mount is ordered before the unit that runs the kubelet (kubelet.service, or k3s's or
+    # rke2's own): that unit, not the runtime, so a node's runtime step switched on or off
+    # (`none` <-> `containerd`) does not run the mount step again.
+    "50-mount": ("GS_RAID_NAME", "GS_MOUNTPOINT", "GS_DEVICE_TIMEOUT", "GS_KUBELET"),
     "60-grow": ("GS_DISKS", "GS_RAID_NAME", "GS_PART_NAME", "GS_PART_BYTES"),
     # The disks only so that a replaced disk is measured again (the script reads the array alone).
     "70-health": ("GS_DISKS", "GS_RAID_NAME", "GS_MOUNTPOINT"),
@@ -102,6 +104,7 @@ def parameters(node: Node, cluster: ClusterConfig) -> dict[str, str | list[str]]
     """Every step parameter of a node, by name (`GS_DISKS` is a bash array)."""
     params: dict[str, str | list[str]] = {
         "GS_RUNTIME": node.container_runtime,
+        "GS_KUBELET": node.container_runtime if node.container_runtime in ("k3s", "rke2") else "kubelet",
         # No RuntimeClass for GPU pods means the NVIDIA runtime must be the default one.
         "GS_SET_AS_DEFAULT": "true" if cluster.runtime_class_name is None else "false",
     }

@@ -140,7 +140,7 @@ def rendered(name: str, **params: str) -> str:
 def test_reruns_are_listed_per_node_with_their_reason(monkeypatch) -> None:
     from components import node as gpunode
 
-    mount = {"GS_RAID_NAME": "models", "GS_MOUNTPOINT": "/mnt/models", "GS_DEVICE_TIMEOUT": "30", "GS_RUNTIME": "containerd"}
+    mount = {"GS_RAID_NAME": "models", "GS_MOUNTPOINT": "/mnt/models", "GS_DEVICE_TIMEOUT": "30", "GS_KUBELET": "kubelet"}
     runtime = {"GS_RUNTIME": "containerd", "GS_SET_AS_DEFAULT": "true"}
     old = snapshot([PV], [step("n1:50-mount", rendered("50-mount", **mount)), step("n1:80-runtime", rendered("80-runtime", **runtime)),
                           step("n2:80-runtime", rendered("80-runtime", **runtime), host="n2"),

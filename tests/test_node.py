@@ -199,7 +199,19 @@ def test_runtime_change_reruns_mount_and_runtime_only(render, prod):
     k3s = render(nodes=nodes, cluster={**cluster, "runtimeClassName": "nvidia"})
     after = {name: cmd.inputs["create"] for name, cmd in commands(k3s).items()}
     assert changed(before, after) == {"50-mount", "80-runtime"}
-    assert "GS_RUNTIME=k3s" in after["50-mount"].split("# ---- lib.sh")[0]
+    assert "GS_KUBELET=k3s" in after["50-mount"].split("# ---- lib.sh")[0]
+
+
+def test_a_runtime_step_switched_off_reruns_no_mount(render, prod):
+    """containerd and `none` run the kubelet the same way: only the runtime step comes or goes
+    (make e2e runtime-chain saw the mount step run again when it switched the runtime on)."""
+    before = {name: cmd.inputs["create"] for name, cmd in commands(prod).items()}
+    nodes = prod_nodes()
+    assert nodes[0]["containerRuntime"] == "containerd"
+    nodes[0]["containerRuntime"] = "none"
+    after = {name: cmd.inputs["create"] for name, cmd in commands(render(nodes=nodes)).items()}
+    assert set(before) - set(after) == {"80-runtime"}
+    assert {name for name in after if before[name] != after[name]} == set()
 
 
 def test_unrelated_config_changes_rerun_nothing(render, prod):

@@ -11,7 +11,7 @@ set -euo pipefail
 # unmounts anything but the old configured mountpoint, and refuses to move the mount while the
 # filesystem has other mounts (kubelet's bind mounts of the local PV into pods). Every refusal
 # comes before the first write. fstab and the unit files are replaced atomically and synced.
-: "${GS_RAID_NAME:?}" "${GS_MOUNTPOINT:?}" "${GS_DEVICE_TIMEOUT:?}" "${GS_RUNTIME:?}"
+: "${GS_RAID_NAME:?}" "${GS_MOUNTPOINT:?}" "${GS_DEVICE_TIMEOUT:?}" "${GS_KUBELET:?}"
 
 need_root
 need_tools blkid findmnt mount mdadm flock
@@ -24,7 +24,7 @@ while IFS= read -r line; do
   [[ $line != UUID=* ]] || uuid=${line#UUID=}
 done < <(blkid -p -o export -- "$md" || true)
 [[ -n $uuid ]] || die "$md has no filesystem UUID; the filesystem step (40) must run first"
-kube_units "$GS_RUNTIME"
+kube_units "$GS_KUBELET"
 
 # fstab escapes blanks and backslashes in paths as octal.
 mp=${GS_MOUNTPOINT//\\/\\134}

@@ -87,6 +87,15 @@ toml_sections() {
   done <"$1"
 }
 
+# restart_containerd: systemd refuses a unit started more than StartLimitBurst times within
+# StartLimitIntervalSec (5 in 10 s by default). A failed CRI check restarts containerd twice in a
+# few seconds; if the second start, the one back to the restored files, were refused, the node
+# would be left with no container runtime. reset-failed clears that count first.
+restart_containerd() {
+  systemctl reset-failed containerd 2>/dev/null || true
+  systemctl restart containerd
+}
+
 case $GS_RUNTIME in
   containerd)
     need_tools nvidia-ctk containerd systemctl sha256sum
@@ -101,9 +110,11 @@ case $GS_RUNTIME in
     else
       dropin=""
     fi
+    created=0
     if [[ ! -e $config ]]; then
       # Without a config the toolkit assumes version 2, which containerd 2.x rejects: start
-      # from the version this containerd speaks.
+      # from the version this containerd speaks. A restore removes it again.
+      created=1
       read -r _ _ cversion _ < <(containerd --version)
       cversion=${cversion#v}
       version=2
@@ -140,7 +151,7 @@ case $GS_RUNTIME in
     restore() {
       local i
       for i in "${!files[@]}"; do
-        if [[ -e $backup/$i ]]; then
+        if [[ -e $backup/$i ]] && ! ((i == 0 && created)); then
           cp -p -- "$backup/$i" "${files[i]}"
         else
           rm -f -- "${files[i]}"
@@ -240,15 +251,16 @@ case $GS_RUNTIME in
       result=unchanged
     else
       say "containerd configuration changed (${files[*]}) or an earlier run stopped before restarting; restarting containerd"
-      systemctl restart containerd
+      restart_containerd
       if ! cri_up; then
         # Back to the files it ran with, restarted again: this node gets its runtime back and the
         # failed step stops the node-by-node chain here.
+        failed=$CRI_STATUS
         restore
-        systemctl restart containerd
+        restart_containerd
         rm -f "$pending"
-        cri_up || die "containerd has no CRI plugin ($CRI_STATUS) with the toolkit's configuration, nor with the restored one (${files[*]}); see 'journalctl -u containerd', fix the configuration by hand, then run pulumi up again"
-        die "containerd restarted with the configuration nvidia-ctk wrote, but its CRI plugin did not come up ($CRI_STATUS): the kubelet would find no runtime. The files are restored (${files[*]}) and containerd restarted with them. See 'journalctl -u containerd' for why (the configuration is not shown: it may hold credentials); a toolkit update may fix it"
+        cri_up || die "containerd has no CRI plugin ($failed; restored: $CRI_STATUS) with the toolkit's configuration, nor with the restored one (${files[*]}); see 'journalctl -u containerd', fix the configuration by hand, then run pulumi up again"
+        die "containerd restarted with the configuration nvidia-ctk wrote, but its CRI plugin did not come up ($failed): the kubelet would find no runtime. The files are restored (${files[*]}) and containerd restarted with them. See 'journalctl -u containerd' for why (the configuration is not shown: it may hold credentials); a toolkit update may fix it"
       fi
       result=changed
     fi

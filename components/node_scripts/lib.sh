@@ -489,9 +489,9 @@ write_atomic() {
   sync -- "${path%/*}"
 }
 
-# kube_units RUNTIME: KUBE_UNITS becomes the systemd units that run the node's kubelet. k3s and
-# rke2 run it inside their own service (server or agent, whichever is installed), so ordering
-# against kubelet.service there orders nothing.
+# kube_units KUBELET (kubelet, k3s or rke2): KUBE_UNITS becomes the systemd units that run the
+# node's kubelet. k3s and rke2 run it inside their own service (server or agent, whichever is
+# installed), so ordering against kubelet.service there orders nothing.
 # shellcheck disable=SC2034  # KUBE_UNITS is read by the steps
 kube_units() {
   case $1 in

@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, check in (("grow-cluster", run.grow_cluster), ("replace-disk", run.replace_disk), ("rotate-api-key", run.rotate_api_key),
                             ("rotate-hf-token", run.rotate_hf_token), ("add-model", run.add_model),
                             ("remove-model", run.remove_model), ("refresh-drift", run.refresh_drift),
-                            ("drain-node", run.drain_node), ("add-node", run.add_node),
+                            ("drain-node", run.drain_node), ("add-node", run.add_node), ("runtime-chain", run.runtime_chain),
                             ("change-revision", run.change_revision), ("upgrade-image", run.upgrade_image)):
             run.check(name, check, needs=("up-cluster",))
         # Before destroy, after the operations: a second up only means something while the stack exists.

@@ -425,6 +425,57 @@ class DayTwoEndToEnd(ClusterEndToEnd):
         require(labels.get("gpu-serving/gpu.product") == "nvidia-t4", f"{ADDED_NODE} is not labelled: {labels}")
         return f"created only {ADDED_NODE}'s {len(changed)} resources ({', '.join(sorted(changed))}); lab-node re-ran nothing"
 
+    def runtime_chain(self) -> str:
+        """The runtime steps of two nodes under the real engine: one node at a time, the chain stopped
+        at the first node whose step fails. Both nodes' SSH reaches the lab VM, where FAKE containerd,
+        ctr and nvidia-ctk (tests/vm/fakes.py) stand in for NVIDIA's packages: what is real is the
+        engine's ordering and the step's restore, not a container runtime."""
+        from tests.vm.fakes import install_fake_containerd
+
+        first, second = "lab-node", ADDED_NODE  # chained by name
+        install_fake_containerd(self.vm)
+        # nvidia-ctk makes nvidia the default runtime without configuring it: containerd restarts with
+        # no CRI, the first node's step restores the files and fails.
+        self.vm_sh("echo noruntime > /etc/fake-nvidia-ctk.mode")
+
+        nodes = yaml.safe_load((self.project / "Pulumi.cluster.yaml").read_text())["config"]["gpu-serving:nodes"]
+        require([node.get("containerRuntime") for node in nodes] == ["none", "none"], f"expected two nodes without a runtime step: {nodes}")
+
+        def runtimes(value: str) -> None:
+            self.edit_stack(lambda config: [node.__setitem__("containerRuntime", value) for node in config["gpu-serving:nodes"]])
+
+        def up(label: str) -> tuple[Any, list[dict[str, Any]]]:
+            events = self.tmp / f"runtime-chain-{label}-events.jsonl"
+            self.pulumi("stack", "select", "cluster")
+            return self.shell("pulumi up --yes --skip-preview", events=events, check=False), _events(events)
+
+        def begun(events: list[dict[str, Any]], node: str) -> bool:
+            urns = ((e.get("resourcePreEvent") or {}).get("metadata", {}).get("urn", "") for e in events)
+            return any(urn.endswith(f"::{node}:80-runtime") for urn in urns)
+
+        files = "cat /etc/containerd/config.toml /etc/containerd/conf.d/* 2>/dev/null || true"
+        before = self.vm_sh(files)
+        runtimes("containerd")
+        try:
+            failed, events = up("failing")
+            require(failed.returncode != 0, "the up passed although the first node's runtime step had to fail")
+            require(begun(events, first) and not begun(events, second),
+                    f"{second}'s runtime step began although {first}'s failed")
+            require(self.vm_sh(files) == before, "the failed step left containerd's files changed")
+            require(self.vm_sh("systemctl is-active containerd || true").strip() == "active", "containerd is not running after the restore")
+            self.vm_sh("echo good > /etc/fake-nvidia-ctk.mode")
+            passed, events = up("passing")
+            require(passed.returncode == 0, f"the up with a working runtime failed: {passed.stderr[-300:]}")
+            done = _sequence(events, "resOutputsEvent", f"::{first}:80-runtime")
+            start = _sequence(events, "resourcePreEvent", f"::{second}:80-runtime")
+            require(done < start, f"{second}'s runtime step began (event {start}) before {first}'s ended ({done})")
+        finally:
+            runtimes("none")
+            reverted, _ = up("reverted")
+        require(reverted.returncode == 0, f"taking the runtime steps out again failed: {reverted.stderr[-300:]}")
+        return (f"{first}'s failing runtime step stopped the chain ({second}'s never began) and restored the files; "
+                f"with a working runtime {second}'s began (event {start}) after {first}'s ended ({done})")
+
     def change_model(self, block: str, key: str, value: str) -> str:
         """The README's change of a model's revision or image: the download Job for it is done before
         the Deployment's template changes, the rollout needs no spare GPU, the smoke test runs again."""

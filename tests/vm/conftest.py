@@ -106,3 +106,20 @@ def vm_factory(vm_image: Path, tmp_path: Path) -> Iterator[object]:
     finally:
         for machine in made:
             discard(machine)
+
+
+# Seconds per module (setup, call and teardown of its tests, module fixtures included), printed at
+# the end of the run: what SLOWEST_FIRST is ordered by and what tests/vm/README.md measures.
+_MODULE_SECONDS: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    module = report.nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
+    _MODULE_SECONDS[module] = _MODULE_SECONDS.get(module, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if VM_TESTS_ENABLED and _MODULE_SECONDS:
+        terminalreporter.write_sep("=", "seconds per module")
+        for module, seconds in sorted(_MODULE_SECONDS.items(), key=lambda kv: -kv[1]):
+            terminalreporter.write_line(f"{seconds:8.0f}  {module}")
