@@ -110,19 +110,6 @@ case $GS_RUNTIME in
     else
       dropin=""
     fi
-    created=0
-    if [[ ! -e $config ]]; then
-      # Without a config the toolkit assumes version 2, which containerd 2.x rejects: start
-      # from the version this containerd speaks. A restore removes it again.
-      created=1
-      read -r _ _ cversion _ < <(containerd --version)
-      cversion=${cversion#v}
-      version=2
-      [[ ${cversion%%.*} -lt 2 ]] || version=3
-      say "creating $config (version = $version, for containerd $cversion)"
-      mkdir -p /etc/containerd
-      printf 'version = %s\n' "$version" >"$config"
-    fi
     files=("$config")
     [[ -z $dropin ]] || files+=("$dropin")
     # A run cut short after the toolkit wrote and before containerd restarted leaves a config the
@@ -148,10 +135,21 @@ case $GS_RUNTIME in
     for i in "${!files[@]}"; do
       [[ ! -e ${files[i]} ]] || cp -p -- "${files[i]}" "$backup/$i"
     done
+    # Without a config the toolkit assumes version 2, which containerd 2.x rejects: start from the
+    # version this containerd speaks. Made after the backup, so a restore removes it again.
+    if [[ ! -e $config ]]; then
+      read -r _ _ cversion _ < <(containerd --version)
+      cversion=${cversion#v}
+      version=2
+      [[ ${cversion%%.*} -lt 2 ]] || version=3
+      say "creating $config (version = $version, for containerd $cversion)"
+      mkdir -p /etc/containerd
+      printf 'version = %s\n' "$version" >"$config"
+    fi
     restore() {
       local i
       for i in "${!files[@]}"; do
-        if [[ -e $backup/$i ]] && ! ((i == 0 && created)); then
+        if [[ -e $backup/$i ]]; then
           cp -p -- "$backup/$i" "${files[i]}"
         else
           rm -f -- "${files[i]}"
