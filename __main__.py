@@ -6,7 +6,7 @@ import stacks
 from components.cluster import ClusterArgs, ClusterBase, applied_annotations, kubernetes_provider
 from components.node import gpu_nodes
 from components.prerequisites import warn_missing
-from components.serving import VllmService, VllmServiceArgs, adapter_rules, needs_adapter_rules
+from components.serving import VllmService, VllmServiceArgs, adapter_rules, needs_adapter_rules, reference_grant
 from components.storage import ModelStorage, ModelStorageArgs
 from stacks.config import ROLLOUT_SALT_SECRET
 
@@ -15,7 +15,8 @@ warn_missing(config)  # at preview only: what the cluster lacks (ingress control
 kubernetes = pulumi.ResourceOptions(providers=[kubernetes_provider(config.cluster)])
 
 rules = adapter_rules() if needs_adapter_rules(config.cluster, config.models) else None
-cluster = ClusterBase("cluster", ClusterArgs(config.cluster, adapter_rules=rules), opts=kubernetes)
+grant = reference_grant(config.cluster, config.models)
+cluster = ClusterBase("cluster", ClusterArgs(config.cluster, adapter_rules=rules, hold_grant=grant), opts=kubernetes)
 
 nodes = gpu_nodes(config.nodes, config.cluster, opts=kubernetes)
 

@@ -154,6 +154,8 @@ class ClusterArgs:
     cluster: ClusterConfig
     adapter_rules: str | None = None
     """prometheus-adapter `config.yaml` for the models' HPAs (components.serving.adapter_rules); None: no ConfigMap."""
+    hold_grant: dict[str, Any] | None = None
+    """The ReferenceGrant that lets HTTPRoutes reach the request hold's interceptor (components.serving.hold.reference_grant)."""
 
 
 class ClusterBase(pulumi.ComponentResource):
@@ -208,4 +210,6 @@ class ClusterBase(pulumi.ComponentResource):
                 opts=pulumi.ResourceOptions(parent=self),
             )
             self.adapter_rules = rules.metadata.apply(lambda m: f"{m.namespace}/{m.name}")
+        if args.hold_grant is not None:
+            k8s.apiextensions.CustomResource(f"{name}-hold-grant", **args.hold_grant, opts=pulumi.ResourceOptions(parent=self))
         self.register_outputs({"namespace": self.namespace, "adapterRules": self.adapter_rules})

@@ -5,7 +5,7 @@ The stack creates objects that other software serves: an Ingress needs a control
 IngressClass, an HTTPRoute the Gateway API CRDs and its Gateway, TLS needs cert-manager and the
 ClusterIssuer, PodMonitors and PrometheusRules the Prometheus Operator's CRDs, HPAs need the custom
 metrics API of prometheus-adapter (whose rules ConfigMap goes into the adapter's namespace), KEDA
-needs its CRDs.
+needs its CRDs, and a model at `replicas.min: 0` KEDA's HTTP add-on (its CRD and interceptor Service).
 
 The objects are read straight from the API server with the stack's own kubeconfig. The provider's
 `.get()` is not used: a missing object makes it fail the whole preview with "resource does not
@@ -91,6 +91,21 @@ def needs(config: StackConfig) -> list[Need]:
         found.append(Need(f"{CRDS}/scaledobjects.keda.sh",
                           "KEDA is not installed (no ScaledObject CRD): `pulumi up` cannot create the ScaledObjects; "
                           "install KEDA, or set cluster.autoscaling to hpa or none"))
+    hold = cluster.request_hold
+    if hold is not None and any(m.scales_to_zero for m in models):
+        crd = f"{CRDS}/httpscaledobjects.http.keda.sh"
+        found.append(Need(crd, "KEDA's HTTP add-on is not installed (no HTTPScaledObject CRD): `pulumi up` cannot create the request "
+                               "holds of the models at replicas.min: 0; install it (Helm chart kedacore/keda-add-ons-http, v0.12), "
+                               "or give those models min: 1"))
+        found.append(Need(f"/api/v1/namespaces/{hold.namespace}/services/{hold.interceptor_service}",
+                          f"no Service {hold.namespace}/{hold.interceptor_service} (the HTTP add-on is installed): the held models' "
+                          f"requests would reach nothing; set cluster.requestHold to where the add-on's interceptor runs",
+                          unless_missing=crd))
+        if any(m.scales_to_zero and m.ingress is not None for m in models) and cluster.edge == "gateway":
+            found.append(Need(f"{CRDS}/referencegrants.gateway.networking.k8s.io",
+                              "the Gateway API has no ReferenceGrant CRD: the held models' HTTPRoutes cannot reach the interceptor in "
+                              f"{hold.namespace}; install the Gateway API's standard CRDs",
+                              unless_missing=f"{CRDS}/httproutes.gateway.networking.k8s.io"))
     if needs_adapter_rules(cluster, models):
         adapter = cluster.prometheus_adapter
         found.append(Need(f"/api/v1/namespaces/{adapter.namespace}",

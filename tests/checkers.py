@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
-CRD_GROUPS = frozenset({"keda.sh", "monitoring.coreos.com", "gateway.networking.k8s.io"})
+CRD_GROUPS = frozenset({"keda.sh", "http.keda.sh", "monitoring.coreos.com", "gateway.networking.k8s.io"})
 
 
 @functools.cache

@@ -134,7 +134,8 @@ def test_a_key_like_nothing_lists_the_keys_there() -> None:
     raw = prod_raw()
     raw["models"][0]["replicas"]["zzz"] = 1
     assert error_of(raw) == (
-        "models[0].replicas.zzz: unknown key (check the spelling; keys are camelCase); keys here: min, max, targetRequestsWaiting"
+        "models[0].replicas.zzz: unknown key (check the spelling; keys are camelCase); keys here: min, max, targetRequestsWaiting, "
+        "coldStartTimeoutSeconds, idleAfter"
     )
 
 
@@ -251,6 +252,7 @@ def test_failure_modes_quotes_the_real_messages() -> None:
         error_of(with_change("models.0.replicas", [1])),
         error_of(with_change("nodes.0.storage.disks", ["/dev/sda", "/dev/sd b"])),
         parse(with_change("modelStorage", NFS)).warnings()[0],
+        error_of(with_change("models.0.replicas", {"min": 0, "max": 2})),
     ]
     with pytest.raises(ConfigError) as caught:
         check_namespaces(["gpu-servng:models"])

@@ -152,6 +152,38 @@ def test_the_gateway_edge_needs_the_gateway_api_and_its_gateway(api, tmp_path: P
                         "or set cluster.gateway to an existing one"]
 
 
+HOLD_CRD = f"{CRDS}/httpscaledobjects.http.keda.sh"
+INTERCEPTOR = "/api/v1/namespaces/keda/services/keda-add-ons-http-interceptor-proxy"
+
+
+def held_raw(**cluster: object) -> dict:
+    raw = prod_raw()
+    raw["cluster"] = {**raw["cluster"], "requestHold": {}, **cluster}
+    raw["models"][0]["replicas"] = {"min": 0, "max": 2}
+    return raw
+
+
+def test_a_held_model_needs_the_http_add_on_and_its_interceptor(api, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    server, handler = api
+    assert {need.path for need in needs(parse(held_raw()))} == ALL | {HOLD_CRD, INTERCEPTOR}
+    assert {need.path for need in needs(parse(prod_raw()))} == ALL  # min 1: nothing of the add-on
+    handler.present.update(ALL)
+    warnings, _ = check(parse(held_raw()), kubeconfig(server), ".kube/prod.yaml", tmp_path)
+    assert len(warnings) == 1 and "KEDA's HTTP add-on is not installed (no HTTPScaledObject CRD)" in warnings[0], warnings
+    assert INTERCEPTOR not in handler.seen  # one warning, not two
+    handler.present.add(HOLD_CRD)
+    warnings, _ = check(parse(held_raw(requestHold={"namespace": "keda-http"})), kubeconfig(server), ".kube/prod.yaml", tmp_path)
+    assert warnings == ["cluster prerequisite: no Service keda-http/keda-add-ons-http-interceptor-proxy (the HTTP add-on is installed): "
+                        "the held models' requests would reach nothing; set cluster.requestHold to where the add-on's interceptor runs"]
+
+
+def test_a_held_route_needs_the_reference_grant_crd() -> None:
+    raw = held_raw(edge="gateway", gateway={"name": "public", "namespace": "edge"})
+    raw["models"][0]["ingress"].pop("tlsSecret")
+    assert f"{CRDS}/referencegrants.gateway.networking.k8s.io" in {need.path for need in needs(parse(raw))}
+    assert f"{CRDS}/referencegrants.gateway.networking.k8s.io" not in {need.path for need in needs(parse(held_raw()))}
+
+
 def test_a_kubeconfig_with_other_context_names_says_how_to_rename(tmp_path: Path) -> None:
     text = kubeconfig("https://127.0.0.1:1", context="kind-gpu")
     warnings, notes = check(parse(prod_raw()), text, ".kube/prod.yaml", tmp_path)

@@ -543,7 +543,7 @@ NFS = {"type": "nfs", "server": "nas.lan", "path": "/export/models", "sizeGi": 5
             "models[0].env: CUDA_VISIBLE_DEVICES is set by the bundle from the device plugin",
         ),
         (with_models(prod_model(env={"HUGGING_FACE_HUB_TOKEN": "hf_x"})), "models[0].env: HUGGING_FACE_HUB_TOKEN looks like a secret"),
-        (with_models(prod_model(replicas={"min": 0, "max": 2})), "models[0].replicas.min: 0 replicas can never scale up again"),
+        (with_models(prod_model(replicas={"min": 0, "max": 2})), "models[0].replicas.min: 0, but cluster.requestHold is unset"),
         (with_models(prod_model(name="m" * 41)), "models[0].name: at most 40 characters"),
         (with_models(prod_model(image="vllm/vllm-openai:latest")), "models[0].image: not pinned: uses :latest"),
         (

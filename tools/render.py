@@ -536,7 +536,10 @@ def policy_config(render: Render) -> dict[str, dict[str, Any]]:
     if render.config is None:
         return {}
     cluster = render.config.cluster
+    held = {"vllm-request-hold": {"ingressClassNames": [cluster.ingress_class]}} if any(
+        m.scales_to_zero for m in render.config.models) else {}
     return {
+        **held,
         "gpu-taint-toleration": {"gpuTaintKey": cluster.gpu_taint.key},
         "gpu-node-selector": {"gpuProductLabel": cluster.gpu_product_label},
         "gpu-capacity": {"gpuProductLabel": cluster.gpu_product_label},

@@ -7,9 +7,11 @@ from typing import Any, Literal
 import pulumi_kubernetes as k8s
 import yaml
 
+from components.serving.hold import wake_trigger
 from components.serving.names import object_name
 from stacks.config import Cluster as ClusterConfig
 from stacks.config import Model
+from stacks.config.cluster import RequestHold
 
 QUEUE_GAUGE = "vllm:num_requests_waiting"
 
@@ -87,24 +89,33 @@ def queue_query(model: Model, namespace: str) -> str:
     return f'sum({QUEUE_GAUGE}{{namespace="{namespace}",model_name="{model.name}"}})'
 
 
-def scaled_object(model: Model, namespace: str, prometheus_url: str) -> dict[str, Any]:
-    return {
+def scaled_object(model: Model, namespace: str, prometheus_url: str, hold: RequestHold | None = None) -> dict[str, Any]:
+    """The queue trigger scales between 1 and max. A model at `replicas.min: 0` adds the HTTP add-on's trigger,
+    which wakes it (0 → 1) and keeps it up while requests are held or in flight; after `idleAfter` with every
+    trigger inactive KEDA takes the last pod (`cooldownPeriod` applies to that step only)."""
+    spec: dict[str, Any] = {
         "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": object_name(model)},
         "minReplicaCount": model.replicas.min,
         "maxReplicaCount": model.replicas.max,
-        "advanced": {"horizontalPodAutoscalerConfig": {"behavior": scaling_behavior()}},
-        "triggers": [
-            {
-                "type": "prometheus",
-                "metricType": "AverageValue",
-                "metadata": {
-                    "serverAddress": prometheus_url,
-                    "query": queue_query(model, namespace),
-                    "threshold": str(model.replicas.target_requests_waiting),
-                },
-            }
-        ],
     }
+    if model.scales_to_zero:
+        spec["cooldownPeriod"] = model.idle_seconds
+    spec["advanced"] = {"horizontalPodAutoscalerConfig": {"behavior": scaling_behavior()}}
+    spec["triggers"] = [
+        {
+            "type": "prometheus",
+            "metricType": "AverageValue",
+            "metadata": {
+                "serverAddress": prometheus_url,
+                "query": queue_query(model, namespace),
+                "threshold": str(model.replicas.target_requests_waiting),
+            },
+        }
+    ]
+    if model.scales_to_zero:
+        assert hold is not None
+        spec["triggers"].append(wake_trigger(model, hold))
+    return spec
 
 
 def adapter_rules() -> str:

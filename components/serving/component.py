@@ -22,9 +22,10 @@ from components.serving.edge import (
     service_spec,
 )
 from components.serving.gateway import httproute_spec
-from components.serving.jobs import SMOKE_DEADLINE_S, job_spec, smoke_job_name, smoke_job_spec
+from components.serving.hold import SKIP_SCALED_OBJECT, held_url, hold_service_spec, http_scaled_object
+from components.serving.jobs import job_spec, smoke_deadline_seconds, smoke_job_name, smoke_job_spec
 from components.serving.monitoring import pod_monitor_spec, prometheus_rule_spec
-from components.serving.names import download_job_name, labels, object_name, secret_name
+from components.serving.names import download_job_name, hold_name, labels, object_name, secret_name
 from components.serving.server import deployment_spec
 from components.serving.sizing import IMAGE_PULL_S, deployment_timeout_seconds, download_deadline_seconds
 from stacks.config import Cluster as ClusterConfig
@@ -81,9 +82,10 @@ class VllmService(pulumi.ComponentResource):
 
         in_namespace = args.namespace if args.namespace is not None else namespace
 
-        def meta(object_name: str, component: str) -> k8s.meta.v1.ObjectMetaArgs:
+        def meta(object_name: str, component: str, annotations: dict[str, str] | None = None) -> k8s.meta.v1.ObjectMetaArgs:
             return k8s.meta.v1.ObjectMetaArgs(
-                name=object_name, namespace=in_namespace, labels=labels(model, component), annotations=applied_annotations(cluster)
+                name=object_name, namespace=in_namespace, labels=labels(model, component),
+                annotations=applied_annotations(cluster, annotations),
             )
 
         child = pulumi.ResourceOptions(parent=self)
@@ -143,6 +145,23 @@ class VllmService(pulumi.ComponentResource):
             f"{name}-egress", metadata=meta(f"{base}-egress", "inference-server"), spec=egress_policy_spec(model, cluster), opts=child
         )
 
+        # Scale to zero: the interceptor receives the requests (components/serving/hold.py).
+        hold = cluster.request_hold if model.scales_to_zero else None
+        holding: list[pulumi.Resource] = []
+        if hold is not None:
+            holding.append(k8s.core.v1.Service(
+                f"{name}-hold-service", metadata=meta(hold_name(model), "request-hold"), spec=hold_service_spec(hold), opts=child
+            ))
+            holding.append(k8s.apiextensions.CustomResource(
+                f"{name}-http-scaled-object",
+                api_version="http.keda.sh/v1alpha1",
+                kind="HTTPScaledObject",
+                metadata=meta(hold_name(model), "request-hold", {SKIP_SCALED_OBJECT: "true"}),
+                spec=http_scaled_object(model, namespace, hold),
+                opts=pulumi.ResourceOptions(parent=self, depends_on=[service]),
+            ))
+        edge_after = [service, *holding]
+
         if model.ingress is not None and cluster.edge == "gateway":
             k8s.apiextensions.CustomResource(
                 f"{name}-route",
@@ -150,32 +169,27 @@ class VllmService(pulumi.ComponentResource):
                 kind="HTTPRoute",
                 metadata=meta(base, "inference-server"),
                 spec=httproute_spec(model, cluster),
-                opts=pulumi.ResourceOptions(parent=self, depends_on=[service]),
+                opts=pulumi.ResourceOptions(parent=self, depends_on=edge_after),
             )
         elif model.ingress is not None:
-            metadata = meta(base, "inference-server")
             k8s.networking.v1.Ingress(
                 f"{name}-ingress",
-                metadata=k8s.meta.v1.ObjectMetaArgs(
-                    name=metadata.name,
-                    namespace=metadata.namespace,
-                    labels=metadata.labels,
-                    annotations=applied_annotations(cluster, ingress_annotations(model, cluster)),
-                ),
+                metadata=meta(base, "inference-server", ingress_annotations(model, cluster)),
                 spec=ingress_spec(model, cluster),
-                opts=pulumi.ResourceOptions(parent=self, depends_on=[service]),
+                opts=pulumi.ResourceOptions(parent=self, depends_on=edge_after),
             )
 
         if model.smoke_test:
+            smoke_wait = f"{smoke_deadline_seconds(model) + 300}s"
             k8s.batch.v1.Job(
                 f"{name}-smoke-test",
                 metadata=meta(smoke_job_name(model), "smoke-test"),
-                spec=smoke_job_spec(model, namespace, uses_api_key, cluster.smoke_image, key_annotation),
+                spec=smoke_job_spec(model, namespace, uses_api_key, cluster.smoke_image, key_annotation, hold),
                 opts=pulumi.ResourceOptions(
                     parent=self,
-                    depends_on=[deployment, service],
+                    depends_on=[deployment, *edge_after],
                     delete_before_replace=True,
-                    custom_timeouts=pulumi.CustomTimeouts(create=f"{SMOKE_DEADLINE_S + 300}s", update=f"{SMOKE_DEADLINE_S + 300}s"),
+                    custom_timeouts=pulumi.CustomTimeouts(create=smoke_wait, update=smoke_wait),
                 ),
             )
 
@@ -218,11 +232,11 @@ class VllmService(pulumi.ComponentResource):
                 api_version="keda.sh/v1alpha1",
                 kind="ScaledObject",
                 metadata=meta(base, "autoscaler"),
-                spec=scaled_object(model, namespace, cluster.prometheus_url),
+                spec=scaled_object(model, namespace, cluster.prometheus_url, hold),
                 opts=after_deployment,
             )
 
-        self.url = pulumi.Output.from_input(in_cluster_url(model, namespace))
+        self.url = pulumi.Output.from_input(held_url(model, namespace, hold) if hold is not None else in_cluster_url(model, namespace))
         self.ingress_url = pulumi.Output.from_input(ingress_url(model, cluster))
         self.served_model_name = pulumi.Output.from_input(model.name)
         self.gpus_per_replica = pulumi.Output.from_input(model.gpus_per_replica)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pulumi_kubernetes as k8s
 
-from components.serving.names import PORT, instance_labels, object_name, selector_labels
+from components.serving.names import PORT, hold_host, hold_name, instance_labels, object_name, selector_labels
 from stacks.config import Cluster as ClusterConfig
 from stacks.config import Model
 
@@ -19,6 +19,12 @@ OPENAI_PREFIX = "/v1"
 
 
 DNS_PORT = 53
+
+
+def proxy_timeout_seconds(model: Model) -> int:
+    """The edge's timeouts for this model: PROXY_TIMEOUT_S, and for a model at `replicas.min: 0` also the cold start,
+    which a held request spends waiting at the interceptor before its first byte."""
+    return PROXY_TIMEOUT_S + (model.cold_start_seconds if model.scales_to_zero else 0)
 
 
 def service_spec(model: Model) -> k8s.core.v1.ServiceSpecArgs:
@@ -42,7 +48,7 @@ def ingress_route(path: str) -> tuple[str, str, str | None]:
 
 def ingress_annotations(model: Model, cluster: ClusterConfig) -> dict[str, str]:
     assert model.ingress is not None
-    timeout = str(PROXY_TIMEOUT_S)
+    timeout = str(proxy_timeout_seconds(model))
     annotations = {
         # Without these, tokens arrive in one lump at the end (seed scenario 6).
         "nginx.ingress.kubernetes.io/proxy-buffering": "off",
@@ -58,6 +64,10 @@ def ingress_annotations(model: Model, cluster: ClusterConfig) -> dict[str, str]:
     if rewrite:
         annotations["nginx.ingress.kubernetes.io/use-regex"] = "true"
         annotations["nginx.ingress.kubernetes.io/rewrite-target"] = rewrite
+    if model.scales_to_zero:
+        # The interceptor routes by Host: send the hold Service's name, not the public host (models sharing a host
+        # under different paths all arrive as /v1/...).
+        annotations["nginx.ingress.kubernetes.io/upstream-vhost"] = hold_host(model, cluster.namespace)
     if model.ingress.tls_secret and cluster.cluster_issuer:
         annotations["cert-manager.io/cluster-issuer"] = cluster.cluster_issuer
     if model.ingress.auth_url:
@@ -69,11 +79,13 @@ def ingress_annotations(model: Model, cluster: ClusterConfig) -> dict[str, str]:
 def ingress_spec(model: Model, cluster: ClusterConfig) -> k8s.networking.v1.IngressSpecArgs:
     assert model.ingress is not None
     path, path_type, _ = ingress_route(model.ingress.path)
-    backend = k8s.networking.v1.IngressBackendArgs(
-        service=k8s.networking.v1.IngressServiceBackendArgs(
-            name=object_name(model), port=k8s.networking.v1.ServiceBackendPortArgs(name="http")
-        )
-    )
+    port = k8s.networking.v1.ServiceBackendPortArgs(name="http")
+    name = object_name(model)
+    if model.scales_to_zero:
+        assert cluster.request_hold is not None
+        # The interceptor, through the model's ExternalName Service (components/serving/hold.py).
+        name, port = hold_name(model), k8s.networking.v1.ServiceBackendPortArgs(number=cluster.request_hold.interceptor_port)
+    backend = k8s.networking.v1.IngressBackendArgs(service=k8s.networking.v1.IngressServiceBackendArgs(name=name, port=port))
     tls = None
     if model.ingress.tls_secret:
         tls = [k8s.networking.v1.IngressTLSArgs(hosts=[model.ingress.host], secret_name=model.ingress.tls_secret)]
@@ -107,14 +119,22 @@ def network_policy_spec(model: Model, cluster: ClusterConfig, namespace: str) ->
     """Only the API port, and only from: the edge's proxy pods (when the model has `ingress`), the
     Prometheus pods (vLLM serves `/metrics` on the API port, so they reach the port, not only the
     path), the model's own smoke-test pods, and `network.clientNamespaces`. The download Job's
-    pods match too and listen on nothing."""
+    pods match too and listen on nothing.
+
+    A model at `replicas.min: 0` admits the interceptor instead of the edge, the smoke test and the
+    clients, who all call it through the hold: a request that went straight to the pods would not
+    count as activity, so the model could be stopped under it (and at zero it would fail)."""
     net, config = k8s.networking.v1, cluster.network
     peers = []
-    if model.ingress is not None:
+    if model.scales_to_zero:
+        assert cluster.request_hold is not None
+        peers.append(_peer(cluster.request_hold.namespace, cluster.request_hold.interceptor_pod_labels))
+    elif model.ingress is not None:
         peers.append(_peer(config.ingress_namespace, config.ingress_pod_labels))
     peers.append(_peer(config.monitoring_namespace, config.monitoring_pod_labels))
-    peers.append(_peer(namespace, {**instance_labels(model), "app.kubernetes.io/component": "smoke-test"}))
-    peers += [_peer(client, None) for client in config.client_namespaces]
+    if not model.scales_to_zero:
+        peers.append(_peer(namespace, {**instance_labels(model), "app.kubernetes.io/component": "smoke-test"}))
+        peers += [_peer(client, None) for client in config.client_namespaces]
     return net.NetworkPolicySpecArgs(
         pod_selector=k8s.meta.v1.LabelSelectorArgs(match_labels=instance_labels(model)),
         policy_types=["Ingress"],

@@ -9,6 +9,7 @@ from typing import Any
 import pulumi
 import pulumi_kubernetes as k8s
 
+from components.serving.hold import held_base_url
 from components.serving.lora import adapters, download_repos, served_names
 from components.serving.names import DOWNLOAD_DIR, MARKER_DIR, PORT, STATE_DIR, labels, object_name, secret_name
 from components.serving.profile import NON_ROOT_UID, identity_env, non_root, pod_security_context
@@ -23,6 +24,7 @@ from components.serving.server import (
 from components.serving.sizing import download_deadline_seconds
 from stacks.config import Cluster as ClusterConfig
 from stacks.config import Model
+from stacks.config.cluster import RequestHold
 
 JOB_TTL_S = 7 * 24 * 3600
 
@@ -41,23 +43,50 @@ plus one more request timeout and a minute for pulling the image and starting th
 deadline never cuts the script off before it can say what failed."""
 
 
+def wake_timeout_seconds(model: Model) -> int:
+    """The first request to a held model: the cold start, then the answer."""
+    return model.cold_start_seconds + REQUEST_TIMEOUT_S
+
+
+def smoke_deadline_seconds(model: Model) -> int:
+    """SMOKE_DEADLINE_S, with the waking request in place of the health wait and /v1/models for a held model."""
+    if not model.scales_to_zero:
+        return SMOKE_DEADLINE_S
+    return wake_timeout_seconds(model) + 2 * REQUEST_TIMEOUT_S + 60
+
+
 # `/health` can be green while inference fails (vllm#24207): ask for one real token. Values
 # arrive as env vars; the API key, when set, comes from the Secret and is never echoed. The wait
 # is bounded by the clock, not a try count: a hanging curl would stretch a count of tries.
-SMOKE_MODELS = r"""set -eu
+SMOKE_CURL = r"""set -eu
 set -- -fsS --max-time "$REQUEST_TIMEOUT_S"
 if [ -n "${VLLM_API_KEY:-}" ]; then set -- "$@" -H "Authorization: Bearer ${VLLM_API_KEY}"; fi
-until_s=$(( $(date +%s) + HEALTH_WAIT_S ))
+"""
+
+
+SMOKE_HEALTH = r"""until_s=$(( $(date +%s) + HEALTH_WAIT_S ))
 until curl -fsS -o /dev/null --max-time 10 "$BASE/health"; do
   [ "$(date +%s)" -lt "$until_s" ] || { echo "$BASE/health did not answer within ${HEALTH_WAIT_S}s" >&2; exit 1; }
   sleep 5
 done
 models=$(curl "$@" "$BASE/v1/models")
-case "$models" in
+"""
+
+
+SMOKE_WAKE = r"""# Through the hold: the interceptor keeps this request while the model starts from zero (it routes /v1 only).
+models=$(curl "$@" --max-time "$WAKE_TIMEOUT_S" "$BASE/v1/models")
+"""
+"""A model at `replicas.min: 0`: the first request wakes it and waits out the cold start, which proves the hold."""
+
+
+SMOKE_LISTED = r"""case "$models" in
   *"\"id\":\"$MODEL\""*) echo "served: $MODEL" ;;
   *) echo "/v1/models does not list $MODEL: $models" >&2; exit 1 ;;
 esac
 """
+
+
+SMOKE_MODELS = SMOKE_CURL + SMOKE_HEALTH + SMOKE_LISTED
 
 
 SMOKE_ADAPTERS = r"""for adapter in $ADAPTERS; do
@@ -83,7 +112,8 @@ SMOKE_SCRIPT = SMOKE_MODELS + SMOKE_COMPLETION
 
 
 def smoke_script(model: Model) -> str:
-    return SMOKE_MODELS + SMOKE_ADAPTERS + SMOKE_COMPLETION if adapters(model) else SMOKE_SCRIPT
+    listed = SMOKE_CURL + (SMOKE_WAKE if model.scales_to_zero else SMOKE_HEALTH) + SMOKE_LISTED
+    return listed + (SMOKE_ADAPTERS if adapters(model) else "") + SMOKE_COMPLETION
 
 
 EXIT_AUTH = 10
@@ -265,15 +295,23 @@ def job_spec(model: Model, cluster: ClusterConfig, claim_name: pulumi.Input[str]
 
 
 def smoke_job_spec(
-    model: Model, namespace: str, api_key: bool, image: str, rollout_annotations: dict[str, pulumi.Input[str]] | None = None
+    model: Model, namespace: str, api_key: bool, image: str, rollout_annotations: dict[str, pulumi.Input[str]] | None = None,
+    hold: RequestHold | None = None,
 ) -> k8s.batch.v1.JobSpecArgs:
     """Runs on any ordinary node (no GPU, no toleration) against the Service, as a client would.
-    With the servers' `rollout_annotations` a new API key replaces the Job, so it tests the new key."""
+    With the servers' `rollout_annotations` a new API key replaces the Job, so it tests the new key.
+    A model at `replicas.min: 0` is asked through the hold, as its clients ask it: at zero the Job
+    wakes it, so each rollout proves the hold, the wake and the load."""
+    if model.scales_to_zero:
+        assert hold is not None
+        base, wait = held_base_url(model, namespace, hold), ("WAKE_TIMEOUT_S", wake_timeout_seconds(model))
+    else:
+        base, wait = f"http://{object_name(model)}.{namespace}.svc:{PORT}", ("HEALTH_WAIT_S", HEALTH_WAIT_S)
     env = [
-        k8s.core.v1.EnvVarArgs(name="BASE", value=f"http://{object_name(model)}.{namespace}.svc:{PORT}"),
+        k8s.core.v1.EnvVarArgs(name="BASE", value=base),
         k8s.core.v1.EnvVarArgs(name="MODEL", value=model.name),
         *([k8s.core.v1.EnvVarArgs(name="ADAPTERS", value=" ".join(served_names(model)[1:]))] if adapters(model) else []),
-        k8s.core.v1.EnvVarArgs(name="HEALTH_WAIT_S", value=str(HEALTH_WAIT_S)),
+        k8s.core.v1.EnvVarArgs(name=wait[0], value=str(wait[1])),
         k8s.core.v1.EnvVarArgs(name="REQUEST_TIMEOUT_S", value=str(REQUEST_TIMEOUT_S)),
     ]
     if api_key:
@@ -287,4 +325,6 @@ def smoke_job_spec(
         resources=k8s.core.v1.ResourceRequirementsArgs(requests={"cpu": "10m", "memory": "16Mi"}, limits={"cpu": "200m", "memory": "64Mi"}),
         security_context=read_only_security_context(run_as_non_root=True, run_as_user=100),
     )
-    return run_once_job(model, "smoke-test", backoff=2, deadline_s=SMOKE_DEADLINE_S, container=smoke, annotations=rollout_annotations)
+    return run_once_job(
+        model, "smoke-test", backoff=2, deadline_s=smoke_deadline_seconds(model), container=smoke, annotations=rollout_annotations
+    )

@@ -38,11 +38,14 @@ def alert_rules(model: Model, namespace: str) -> list[dict[str, Any]]:
     (part of kube-prometheus-stack); `vllm:*` from the PodMonitor."""
     where = f'namespace="{namespace}",model_name="{model.name}"'
     deployment = object_name(model)
-    available = f'kube_deployment_status_replicas_available{{namespace="{namespace}",deployment="{deployment}"}}'
+    selector = f'namespace="{namespace}",deployment="{deployment}"'
+    available = f"kube_deployment_status_replicas_available{{{selector}}}"
     # A rollout without surge takes the only replica down while the new pod pulls the image and
     # loads: alert only when that overran the whole rollout budget (pull + startup + margin,
     # the Deployment's own progress deadline).
-    rollout = deployment_timeout_seconds(model.weights_gb)
+    # A held model woken by a request must be up within the cold start timeout, or the interceptor answers 502:
+    # that is the model being down for its callers, and KEDA keeps the wanted replica at least that long again.
+    allowed_s = model.cold_start_seconds if model.scales_to_zero else deployment_timeout_seconds(model.weights_gb)
     labels = {"model": model.name}
 
     def alert(name: str, expr: str, duration: str, severity: str, summary: str, description: str) -> dict[str, Any]:
@@ -54,16 +57,22 @@ def alert_rules(model: Model, namespace: str) -> list[dict[str, Any]]:
             "annotations": {"summary": summary, "description": description},
         }
 
+    down = f"{available} < 1"
+    if model.scales_to_zero:
+        # Idling at zero is the design: down only while a pod is wanted (woken) and none came up.
+        down = f"({down} and kube_deployment_spec_replicas{{{selector}}} > 0)"
     return [
         alert(
             "VllmNoPodReady",
             # absent(): a vanished series (kube-state-metrics down, Deployment deleted) is no all-clear.
-            f"{available} < 1 or absent({available})",
-            _minutes(rollout),
+            f"{down} or absent({available})",
+            _minutes(allowed_s),
             "critical",
             f"{model.name}: no vLLM pod is ready",
-            f"Deployment {namespace}/{deployment} has had no available replica (or no metric) for longer than a "
-            "rollout may take (image pull + startup budget): the model is down. Look at `kubectl describe pod` "
+            f"Deployment {namespace}/{deployment} has had no available replica (or no metric) for longer than "
+            + ("its cold start timeout while one was wanted: held requests get 502" if model.scales_to_zero else
+               "a rollout may take (image pull + startup budget)")
+            + ": the model is down. Look at `kubectl describe pod` "
             "(Pending: GPUs) and `kubectl logs` (load errors).",
         ),
         alert(

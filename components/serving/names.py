@@ -25,6 +25,18 @@ def object_name(model: Model) -> str:
     return f"vllm-{model.name}"
 
 
+def hold_name(model: Model) -> str:
+    """The ExternalName Service and HTTPScaledObject of a model at `replicas.min: 0` (components/serving/hold.py).
+    Not the ScaledObject's name: the HTTP add-on deletes a ScaledObject named like an HTTPScaledObject that skips its own."""
+    return f"{object_name(model)}-hold"
+
+
+def hold_host(model: Model, namespace: str) -> str:
+    """The Host the interceptor routes a held model's requests by: the hold Service's own DNS name, which the
+    edge sets on what it forwards and an in-cluster client sends by calling that name."""
+    return f"{hold_name(model)}.{namespace}.svc"
+
+
 def instance_labels(model: Model) -> dict[str, str]:
     return {"app.kubernetes.io/name": "vllm", "app.kubernetes.io/instance": model.name}
 

@@ -14,7 +14,8 @@ from collections.abc import Iterator, Mapping, Sequence
 
 from . import k8s
 from .core import MANDATORY, Resource, Rule, Unknown, attempt
-from .k8s import as_list, as_map, container_name, dig, namespace
+from .holds import Hold, holds
+from .k8s import as_list, as_map, container_name, dig, duration_seconds, namespace
 from .stack import Workload, stack_services, workloads
 
 OPENAI_PREFIX = "/v1"
@@ -80,16 +81,49 @@ def forwards(edge: Resource) -> list[tuple[str, str]]:
     return route_forwards(edge) if edge.type == HTTPROUTE else ingress_forwards(edge)
 
 
-def vllm_behind(edge: Resource, services: Mapping, servers: Sequence[Workload]) -> dict[str, list[Workload]]:
-    """Service name -> the vLLM workloads of the stack it selects (only Services that select one)."""
+def sent_hosts(edge: Resource) -> dict[str, set[str]]:
+    """Service name -> the Host headers the edge sends it: ingress-nginx's `upstream-vhost` or the rule's host; an
+    HTTPRoute rule's URLRewrite hostname or the route's hostnames."""
+    props = edge.view
+    found: dict[str, set[str]] = {}
+    if edge.type == HTTPROUTE:
+        names = {str(h) for h in as_list(dig(props, "spec", "hostnames"))}
+        for rule in as_list(dig(props, "spec", "rules")):
+            rewritten = {str(dig(f, "urlRewrite", "hostname")) for f in as_list(as_map(rule).get("filters"))
+                         if dig(f, "urlRewrite", "hostname")}
+            for ref in as_list(as_map(rule).get("backendRefs")):
+                found.setdefault(str(as_map(ref).get("name")), set()).update(rewritten or names)
+        return found
+    vhost = as_map(dig(props, "metadata", "annotations")).get("nginx.ingress.kubernetes.io/upstream-vhost")
+    for rule in as_list(dig(props, "spec", "rules")):
+        host = {str(vhost)} if vhost else ({str(as_map(rule)["host"])} if as_map(rule).get("host") else set())
+        for entry in as_list(dig(rule, "http", "paths")):
+            found.setdefault(str(dig(entry, "backend", "service", "name")), set()).update(host)
+    return found
+
+
+def _selected(service: Resource | None, ns: str, servers: Sequence[Workload]) -> list[Workload]:
+    if service is None:
+        return []
+    selector = as_map(dig(service.view, "spec", "selector"))
+    return [w for w in servers if w.namespace == ns and k8s.selects(selector, k8s.pod_labels(w.resource))]
+
+
+def vllm_behind(
+    edge: Resource, services: Mapping, servers: Sequence[Workload], all_holds: Sequence[Hold] = ()
+) -> dict[str, list[Workload]]:
+    """Service name -> the vLLM workloads of the stack it selects (only Services that select one). A backend that selects
+    no pods (the HTTP add-on's interceptor, or an ExternalName Service for it) reaches the workloads of the
+    HTTPScaledObjects that route the Host the edge sends it: the request hold is a way in like any other."""
     ns = namespace(edge.view)
     behind: dict[str, list[Workload]] = {}
+    hosts = sent_hosts(edge) if all_holds else {}
     for name, _ in forwards(edge):
         service = services.get((ns, name))
-        if service is None:
-            continue
-        selector = as_map(dig(service.view, "spec", "selector"))
-        selected = [w for w in servers if w.namespace == ns and k8s.selects(selector, k8s.pod_labels(w.resource))]
+        selected = _selected(service, ns, servers)
+        if not selected and (service is None or not as_map(dig(service.view, "spec", "selector"))):
+            for hold in (h for h in all_holds if any(h.routes(host) for host in hosts.get(name, ()))):
+                selected += _selected(services.get((hold.namespace, hold.service)), hold.namespace, servers)
         if selected:
             behind[name] = selected
     return behind
@@ -98,8 +132,9 @@ def vllm_behind(edge: Resource, services: Mapping, servers: Sequence[Workload]) 
 def _edges(resources: Sequence[Resource]) -> Iterator[tuple[Resource, dict[str, list[Workload]]]]:
     services = stack_services(resources)
     servers = [w for w in workloads(resources) if w.vllm]
+    all_holds = holds(resources)
     for edge in k8s.kinds_in(resources, EDGES):
-        behind = attempt(vllm_behind, edge, services, servers, default={})
+        behind = attempt(vllm_behind, edge, services, servers, all_holds, default={})
         if behind:
             yield edge, behind
 
@@ -180,15 +215,6 @@ def check_edge_runtime_lora(resources: list[Resource], _cfg: Mapping) -> Iterato
 
 
 # --- streaming through a Gateway -----------------------------------------------------------------
-
-def duration_seconds(value: str) -> float | None:
-    """Gateway API Duration (`600s`, `1h`, `10m30s`, `500ms`) in seconds; None when malformed."""
-    parts = re.findall(r"(\d+)(h|ms|m|s)", value)
-    if not parts or "".join(n + u for n, u in parts) != value:
-        return None
-    scale = {"h": 3600, "m": 60, "s": 1, "ms": 0.001}
-    return sum(int(n) * scale[u] for n, u in parts)
-
 
 def check_route_streaming(resources: list[Resource], cfg: Mapping) -> Iterator[tuple[Resource, str]]:
     minimum = int(cfg["minTimeoutSeconds"])

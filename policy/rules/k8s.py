@@ -67,6 +67,18 @@ def to_int(value: Any) -> int | None:
     return None
 
 
+DURATION_UNITS = {"h": 3600, "m": 60, "s": 1, "ms": 0.001, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
+
+
+def duration_seconds(value: str) -> float | None:
+    """A Go duration as Kubernetes writes them (`600s`, `1h`, `10m30s`, `500ms`, `1.5h`; Gateway API Durations
+    are a subset) in seconds; None when malformed."""
+    parts = re.findall(r"(\d+(?:\.\d+)?)(h|ms|us|µs|ns|m|s)", value)
+    if not parts or "".join(n + u for n, u in parts) != value:
+        return None
+    return sum(float(n) * DURATION_UNITS[u] for n, u in parts)
+
+
 # --- objects -----------------------------------------------------------------
 
 def namespace(props: Mapping) -> str:

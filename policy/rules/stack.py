@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from . import k8s
 from .core import ADVISORY, MANDATORY, Resource, Rule, Unknown, attempt
+from .holds import HTTP_SCALED_OBJECT, SKIP_SCALED_OBJECT, holds, replicas, woken_by
 from .k8s import GPU, as_list, as_map, dig, namespace, to_int
 
 # KEDA's defaults when a ScaledObject does not set maxReplicaCount / minReplicaCount.
@@ -51,7 +52,8 @@ class Scaler:
 
 
 def scalers(resources: Sequence[Resource]) -> list[Scaler]:
-    """HPAs and KEDA ScaledObjects with the workload they drive."""
+    """HPAs and KEDA ScaledObjects with the workload they drive, and the HTTPScaledObjects for which the HTTP
+    add-on makes a ScaledObject itself (those without `skip-scaledobject-creation`)."""
 
     def read(r: Resource) -> Scaler:
         spec = as_map(r.view.get("spec"))
@@ -60,7 +62,9 @@ def scalers(resources: Sequence[Resource]) -> list[Scaler]:
         maximum = to_int(spec.get(key, default))
         return Scaler(r, namespace(r.view), str(ref.get("kind") or "Deployment"), str(ref.get("name")), maximum)
 
-    found = (attempt(read, r) for r in k8s.kinds_in(resources, frozenset({k8s.HPA, k8s.SCALED_OBJECT})))
+    found = [attempt(read, r) for r in k8s.kinds_in(resources, frozenset({k8s.HPA, k8s.SCALED_OBJECT}))]
+    found += [Scaler(h.resource, h.namespace, h.target_kind, h.target_name, attempt(replicas, h.resource, default=(0, None))[1])
+              for h in holds(resources) if h.makes_scaled_object]
     return [s for s in found if s is not None]
 
 
@@ -202,13 +206,42 @@ def check_single_autoscaler(resources: list[Resource], _cfg: Mapping) -> Iterato
                     f"ScaledObject {so.resource.display_name}, which creates its own HPA "
                     f"keda-hpa-{so.resource.display_name}: the two fight over replicas and pods "
                     f"(each minutes to load) come and go. Keep one of them.")
+    for hold in (s for s in all_scalers if s.resource.type == HTTP_SCALED_OBJECT):
+        for other in (s for s in all_scalers if s.resource.type != HTTP_SCALED_OBJECT):
+            if (hold.namespace, hold.target_kind, hold.target_name) == (other.namespace, other.target_kind, other.target_name):
+                name = hold.resource.display_name
+                yield other.resource, (
+                    f"{other.target_kind} {other.target_name} is scaled by this {other.resource.kind} and by HTTPScaledObject "
+                    f"{name}, for which the HTTP add-on creates ScaledObject {name}: the two fight over replicas. Keep one: "
+                    f"annotate the HTTPScaledObject {SKIP_SCALED_OBJECT}: \"true\" (and wake the workload with an "
+                    f"external-push trigger naming it), or drop this {other.resource.kind}.")
 
 
 def _min_replicas(scaler: Resource) -> int | None:
     spec = as_map(scaler.view.get("spec"))
     if scaler.type == k8s.HPA:
         return to_int(spec.get("minReplicas", 1))  # the API defaults it to 1
+    if scaler.type == HTTP_SCALED_OBJECT:
+        return replicas(scaler)[0]
     return to_int(spec.get("minReplicaCount", KEDA_DEFAULT_MIN))
+
+
+def _hold_problem(scaler: Scaler, resources: Sequence[Resource]) -> str | None:
+    """Why nothing holds the requests of this scaler's workload at zero; None when something does: the HTTP add-on's
+    own ScaledObject, or a ScaledObject whose `external-push` trigger names an HTTPScaledObject for the workload
+    (one that is not in view is trusted: a rule may only fail on what it saw)."""
+    if scaler.resource.type == HTTP_SCALED_OBJECT:
+        return None
+    named = woken_by(scaler.resource) if scaler.resource.type == k8s.SCALED_OBJECT else []
+    if not named:
+        return "nothing holds its requests"
+    seen = {(h.namespace, h.name): h for h in holds(resources)}
+    for name in named:
+        hold = seen.get((scaler.namespace, name))
+        if hold is None or hold.holds_for(scaler.namespace, scaler.target_kind, scaler.target_name):
+            return None
+    return (f"its external-push trigger names HTTPScaledObject {', '.join(named)}, which holds the requests of another "
+            "workload")
 
 
 def check_vllm_scale_to_zero(resources: list[Resource], _cfg: Mapping) -> Iterator[tuple[Resource, str]]:
@@ -217,13 +250,18 @@ def check_vllm_scale_to_zero(resources: list[Resource], _cfg: Mapping) -> Iterat
         if not any(drives(s, w) for w in servers):
             continue
         minimum = attempt(_min_replicas, s.resource)
-        if minimum == 0:
-            shown = "minReplicaCount is 0 (KEDA's default)" if "minReplicaCount" not in as_map(
-                s.resource.props.get("spec")) and s.resource.type == k8s.SCALED_OBJECT else "its minimum is 0"
-            yield s.resource, (
-                f"{s.target_kind} {s.target_name} runs vLLM and {shown}: the queue gauge "
-                f"vllm:num_requests_waiting comes from the vLLM pods themselves, so at zero pods there is no metric "
-                f"and nothing ever scales it up again. Keep at least 1 replica.")
+        if minimum != 0:
+            continue
+        problem = attempt(_hold_problem, s, resources)
+        if problem is None:
+            continue
+        shown = "minReplicaCount is 0 (KEDA's default)" if "minReplicaCount" not in as_map(
+            s.resource.props.get("spec")) and s.resource.type == k8s.SCALED_OBJECT else "its minimum is 0"
+        yield s.resource, (
+            f"{s.target_kind} {s.target_name} runs vLLM and {shown}, but {problem}: the queue gauge "
+            f"vllm:num_requests_waiting comes from the vLLM pods themselves, so at zero pods no metric moves and nothing "
+            f"scales it up again. Keep at least 1 replica, or hold the requests with KEDA's HTTP add-on: an "
+            f"HTTPScaledObject for this workload, woken by an external-push trigger naming it in this ScaledObject.")
 
 
 PDB = "kubernetes:policy/v1:PodDisruptionBudget"
@@ -337,6 +375,8 @@ def _object_key(resource: Resource) -> tuple[str, str]:
 
 
 def _serves_vllm(service: Resource, candidates: Sequence[Workload]) -> bool:
+    if dig(service.view, "spec", "type") == "ExternalName":
+        return True  # a name for something elsewhere (the HTTP add-on's interceptor, say): it may be vLLM
     selector = as_map(dig(service.view, "spec", "selector"))
     ns = namespace(service.view)
     return any(w.namespace == ns and k8s.selects(selector, k8s.pod_labels(w.resource)) for w in candidates)
@@ -415,7 +455,8 @@ RULES = [
                                                "description": "Minimum behavior.scaleDown window."}}),
     Rule("single-autoscaler", "A workload is not scaled by both an HPA and a KEDA ScaledObject.",
          MANDATORY, check_single_autoscaler),
-    Rule("vllm-scale-to-zero", "An autoscaler of a vLLM workload keeps at least one replica (the queue metric comes from the pods).",
+    Rule("vllm-scale-to-zero", "An autoscaler of a vLLM workload keeps at least one replica (the queue metric comes from the "
+         "pods), unless KEDA's HTTP add-on holds its requests and wakes it.",
          MANDATORY, check_vllm_scale_to_zero),
     Rule("vllm-disruption-budget", "vLLM Deployments and StatefulSets are covered by a PodDisruptionBudget.",
          ADVISORY, check_disruption_budget),

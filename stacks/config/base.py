@@ -17,6 +17,8 @@ PROJECT = "gpu-serving"
 # Kubernetes object names. Services (one per model) need RFC 1035 labels: a letter first.
 DNS_LABEL = r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$"
 DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+# The cluster's DNS domain (labels of at most 63 characters).
+DNS_DOMAIN = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?(\.[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)*$"
 # Label values (the GPU product is a node label value).
 LABEL_VALUE = r"^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$"
 # Pulumi config key names of secrets (`pulumi config set --secret <name>`).
@@ -32,6 +34,7 @@ CIDR = r"^([0-9]{1,3}\.){3}[0-9]{1,3}/[0-9]{1,2}$|^[0-9A-Fa-f:]+/[0-9]{1,3}$"
 PATTERN_HELP = {
     DNS_LABEL: "a Kubernetes name: lowercase letters, digits and '-', a letter first, at most 63 characters, e.g. qwen3",
     DNS_SUBDOMAIN: "a Kubernetes node name: lowercase letters, digits, '-' and '.', e.g. k8s-worker-02",
+    DNS_DOMAIN: "a DNS domain of lowercase labels joined by '.', e.g. cluster.local",
     LABEL_VALUE: "a label value: letters, digits, '-', '_' and '.', at most 63 characters, e.g. nvidia-a100",
     CONFIG_KEY: "a Pulumi config key name: a letter, then letters, digits, '_' or '-', e.g. hfToken",
     RAID_NAME: "an mdadm array name: letters, digits, '_' and '-', at most 31 characters, e.g. models",

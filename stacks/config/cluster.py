@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, StringConstraints, field_validator, model_validator
 
-from stacks.config.base import ImageRef, K8sName, LabelValue, SecretKeyName, _at, _Model, refuse_loopback
+from stacks.config.base import DNS_DOMAIN, ImageRef, K8sName, LabelValue, SecretKeyName, _at, _Model, refuse_loopback
 
 # The project's own node label keys: GPU Feature Discovery owns `nvidia.com/gpu.*` and rewrites them
 # (`nvidia.com/gpu.product=NVIDIA-A100-SXM4-80GB`), so labels the stack force-set there would flap.
@@ -100,6 +100,27 @@ class Network(_Model):
     """Labels of the cluster DNS pods (CoreDNS and kube-dns both carry `k8s-app: kube-dns`)."""
 
 
+class RequestHold(_Model):
+    """KEDA's HTTP add-on (v0.12), which holds the requests to a model at zero replicas while it starts: its
+    interceptor proxy receives them and its external scaler wakes the model. The defaults are the add-on's
+    Helm chart (`keda-add-ons-http`) installed in the namespace `keda`."""
+
+    namespace: K8sName = "keda"
+    """Namespace of the add-on's interceptor and external scaler."""
+    interceptor_service: K8sName = "keda-add-ons-http-interceptor-proxy"
+    """The interceptor's proxy Service, which the edge and in-cluster clients reach a held model through."""
+    interceptor_port: int = Field(8080, ge=1, le=65535)
+    """Port of that Service (the chart's `interceptor.proxy.port`)."""
+    interceptor_pod_labels: PodLabels = {"app.kubernetes.io/component": "interceptor", "app.kubernetes.io/part-of": "keda-add-ons-http"}
+    """Labels of the interceptor pods: the serving pods of a held model admit these pods, not the edge's."""
+    scaler_service: K8sName = "keda-add-ons-http-external-scaler"
+    """The add-on's external scaler Service, the `external-push` trigger that wakes a model."""
+    scaler_port: int = Field(9090, ge=1, le=65535)
+    """Its gRPC port (the chart's `scaler.grpcPort`)."""
+    cluster_domain: str = Field("cluster.local", pattern=DNS_DOMAIN, max_length=253)
+    """The cluster's DNS domain: the held model's ExternalName Service points at the interceptor's full name."""
+
+
 class PodSecurity(_Model):
     """Pod Security admission labels of the namespace (`pod-security.kubernetes.io/*`)."""
 
@@ -181,6 +202,9 @@ class Cluster(_Model):
     could serve different weights under one name. false: a lab that follows a branch."""
     smoke_image: ImageRef = "curlimages/curl:8.11.1@sha256:c1fe1679c34d9784c1b0d1e5f62ac0a79fca01fb6377cdd33e90473c6f9f9a69"
     """Image of the smoke-test Job (needs `sh` and `curl`), pinned by digest; point it at a mirror for an air-gapped registry."""
+    request_hold: RequestHold | None = None
+    """KEDA's HTTP add-on, which holds requests while a model with `replicas.min: 0` starts; unset: no model may
+    scale to zero (nothing would receive its requests or wake it)."""
     prometheus_url: str = Field("http://prometheus-operated.monitoring.svc:9090", pattern=r"^https?://[A-Za-z0-9.:_\[\]-]+(/[A-Za-z0-9._~/-]*)?$")
     """Prometheus that KEDA queries for the vLLM queue length (autoscaling `keda`)."""
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import Field, StringConstraints, field_validator, model_validator
+from pydantic import BeforeValidator, Field, StringConstraints, field_validator, model_validator
 
 from stacks.config.base import (
     CIDR,
@@ -110,27 +110,48 @@ class Lora(_Model):
         return self
 
 
+DURATION_UNITS = {"s": 1, "m": 60, "h": 3600}
+
+
+def duration_seconds(value: object) -> object:
+    """Seconds from a whole number or a duration of s, m and h parts (`90`, `"900s"`, `"30m"`, `"1h30m"`);
+    anything else is left for the int validation to refuse."""
+    if isinstance(value, str) and not value.strip().isdigit():
+        parts = re.findall(r"(\d+)([hms])", value)
+        if not parts or "".join(n + u for n, u in parts) != value:
+            raise ValueError("must be whole seconds or a duration of h, m and s, e.g. 1800 or 30m")
+        return sum(int(n) * DURATION_UNITS[u] for n, u in parts)
+    return value
+
+
+Seconds = Annotated[int, BeforeValidator(duration_seconds), Field(ge=1, le=7 * 24 * 3600)]
+
+
 class Replicas(_Model):
     min: int = Field(1, ge=0, le=100)
-    """Fewest pods (at least 1: the queue metric comes from the pods)."""
+    """Fewest pods. 0 (scale to zero) needs `cluster.autoscaling: keda` and `cluster.requestHold`: the queue metric
+    comes from the pods, so at zero only the HTTP add-on's interceptor sees a request, holds it and wakes the model."""
     max: int = Field(1, ge=1, le=100)
     """Most pods; max × gpusPerReplica counts against the nodes' GPUs."""
     target_requests_waiting: int = Field(3, ge=1, le=10_000)
     """Autoscaling target: average `vllm:num_requests_waiting` per pod."""
-
-    @field_validator("min")
-    @classmethod
-    def _not_zero(cls, value: int) -> int:
-        if value == 0:
-            # The queue gauge is exported by the vLLM pods themselves: at zero pods there is no
-            # metric, so no autoscaler could ever scale back up.
-            raise ValueError("0 replicas can never scale up again (the queue metric comes from the vLLM pods); use 1 or more")
-        return value
+    cold_start_timeout_seconds: int | None = Field(None, ge=1, le=24 * 3600)
+    """With `min: 0`: how long the interceptor holds a request while the model starts (its `conditionWait`); at least the
+    startup budget (from `weightsGb`). Unset: image pull allowance + startup budget, the longest a start may take."""
+    idle_after: Seconds | None = None
+    """With `min: 0`: how long without a request before the last pod goes (KEDA's `cooldownPeriod`), in seconds or as a
+    duration (`45m`); at least the cold start timeout, so a start whose caller gave up still finishes. Unset: that timeout."""
 
     @model_validator(mode="after")
     def _ordered(self) -> Replicas:
         if self.min > self.max:
             raise ValueError(f"min ({self.min}) must be ≤ max ({self.max})")
+        if self.min > 0:
+            for key, value in (("coldStartTimeoutSeconds", self.cold_start_timeout_seconds), ("idleAfter", self.idle_after)):
+                if value is not None:
+                    # A setting that does nothing would read as if the model scaled to zero.
+                    raise _at_key(key, f"only with min: 0 (scale to zero); min is {self.min}, so no pod ever stops for idling "
+                                       "and no request is held: remove it, or set min: 0")
         return self
 
 
@@ -272,6 +293,53 @@ class Model(_Model):
     def disk_gb(self) -> float:
         """What the model takes on the volume: its weights and its adapters'."""
         return self.weights_gb + sum(a.weights_gb for a in self.lora.adapters) if self.lora else self.weights_gb
+
+    @property
+    def scales_to_zero(self) -> bool:
+        return self.replicas.min == 0
+
+    @property
+    def startup_budget_seconds(self) -> int:
+        """How long the startup probe lets the server load (components/serving/sizing.py)."""
+        # Imported here: the serving package imports this module, so a top-level import would be circular.
+        from components.serving.sizing import startup_budget_seconds
+
+        return startup_budget_seconds(self.weights_gb)
+
+    @property
+    def cold_start_seconds(self) -> int:
+        """How long a request to this model at zero replicas is held: `replicas.coldStartTimeoutSeconds`, or the
+        image pull allowance plus the startup budget (what a start on a node without the image may take)."""
+        from components.serving.sizing import IMAGE_PULL_S
+
+        configured = self.replicas.cold_start_timeout_seconds
+        return configured if configured is not None else IMAGE_PULL_S + self.startup_budget_seconds
+
+    @property
+    def idle_seconds(self) -> int:
+        """`replicas.idleAfter`, or the cold start timeout."""
+        return self.replicas.idle_after if self.replicas.idle_after is not None else self.cold_start_seconds
+
+    @model_validator(mode="after")
+    def _cold_start_budget(self) -> Model:
+        if not self.scales_to_zero:
+            return self
+        budget = self.startup_budget_seconds
+        configured = self.replicas.cold_start_timeout_seconds
+        if configured is not None and configured < budget:
+            # The interceptor would answer 502 while the pod is still within its startup probe's allowance.
+            raise _at_key("replicas.coldStartTimeoutSeconds",
+                          f"{configured} s is below the startup budget of {budget} s (engine start plus {self.weights_gb:g} GB of "
+                          f"weights read at the assumed throughput, what the startup probe allows): the first request would get 502 "
+                          f"while the model still loads; set {budget} or more")
+        idle = self.replicas.idle_after
+        if idle is not None and idle < self.cold_start_seconds:
+            # KEDA counts idle time from the last request it saw: a caller that gave up mid-start leaves the pod loading.
+            raise _at_key("replicas.idleAfter",
+                          f"{idle} s is below the cold start timeout ({self.cold_start_seconds} s): when a caller gives up during a "
+                          f"start, KEDA would stop the pod before it finishes loading and the next request starts over; "
+                          f"set {self.cold_start_seconds} or more")
+        return self
 
     @model_validator(mode="after")
     def _non_root_image(self) -> Model:

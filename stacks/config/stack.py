@@ -258,6 +258,8 @@ class StackConfig(_Model):
                     f"models[{i}].gfdProduct",
                     "selects on GPU Feature Discovery's label, but cluster.gpuFeatureDiscovery is false: no node would carry it",
                 )
+            if model.scales_to_zero:
+                self._check_hold(i)
             if self.cluster.autoscaling == "none" and model.replicas.min != model.replicas.max:
                 raise _at(
                     f"models[{i}].replicas",
@@ -307,6 +309,19 @@ class StackConfig(_Model):
                     f"models[{i}].ingress.tlsSecret",
                     f"{host} already uses tlsSecret {secret!r} in models[{first}]; one host has one certificate",
                 )
+
+    def _check_hold(self, i: int) -> None:
+        """`replicas.min: 0` only where something receives the requests and wakes the model."""
+        if self.cluster.autoscaling != "keda":
+            raise _at(f"models[{i}].replicas.min",
+                      f"0 needs cluster.autoscaling keda (it is {self.cluster.autoscaling}): only KEDA scales a Deployment to zero "
+                      "and back (an HPA stops at 1), and only its HTTP add-on holds the requests meanwhile; set keda, or min: 1")
+        if self.cluster.request_hold is None:
+            # The queue gauge is exported by the vLLM pods themselves: at zero pods no metric moves.
+            raise _at(f"models[{i}].replicas.min",
+                      "0, but cluster.requestHold is unset: the queue metric comes from the vLLM pods, so at zero nothing would "
+                      "see a request or wake the model; install KEDA's HTTP add-on and set cluster.requestHold: {} "
+                      "(its interceptor holds requests while the model starts), or use min: 1")
 
     def warnings(self) -> list[str]:
         """Valid but probably unintended choices, one line each naming the key.

@@ -4,8 +4,9 @@
 #              PROMTOOL=debian (default): from Debian's prometheus package  -> $GS_CACHE/promtool/debian-<version>/promtool
 #              PROMTOOL=module: built from the pinned Prometheus 3 module   -> $GS_CACHE/promtool/<version>-<go version>/promtool
 #   CRD YAML   (testbed/cluster/versions.env, the same pins as the loopback cluster) gives the
-#              OpenAPI schemas the PodMonitor, PrometheusRule, ScaledObject and HTTPRoute are
-#              validated against -> $GS_CACHE/crds/<pins>/ (module downloads, nothing compiled)
+#              OpenAPI schemas the PodMonitor, PrometheusRule, ScaledObject, HTTPScaledObject, HTTPRoute
+#              and ReferenceGrant are validated against -> $GS_CACHE/crds/<pins>/ (module downloads,
+#              nothing compiled)
 # A warm cache makes this a few checks. Prints two lines: the promtool path, the CRD folder.
 #
 #   testbed/checkers/build.sh            fetch/build what is missing
@@ -22,6 +23,7 @@ BUILD_NAME=checkers
 source "$here/../lib.sh"
 
 crds="$GS_CACHE/crds/keda-$KEDA_VERSION-prometheus-operator-$PROMETHEUS_OPERATOR_VERSION-gateway-api-$GATEWAY_API_VERSION"
+crds+="-http-add-on-$HTTP_ADD_ON_VERSION"
 case ${PROMTOOL:=debian} in
 debian) out="$GS_CACHE/promtool/debian-$PROMTOOL_DEBIAN_VERSION" ;;
 module)
@@ -90,7 +92,11 @@ elif [[ ! -e $crds/.complete ]]; then
 		install -m 0644 "$src/example/prometheus-operator-crd/monitoring.coreos.com_$kind.yaml" "$crds/"
 	done
 	src=$(module_dir "sigs.k8s.io/gateway-api@$GATEWAY_API_VERSION")
-	install -m 0644 "$src/config/crd/standard/gateway.networking.k8s.io_httproutes.yaml" "$crds/"
+	for kind in httproutes referencegrants; do
+		install -m 0644 "$src/config/crd/standard/gateway.networking.k8s.io_$kind.yaml" "$crds/"
+	done
+	src=$(module_dir "github.com/kedacore/http-add-on@$HTTP_ADD_ON_VERSION")
+	install -m 0644 "$src/config/crd/bases/http.keda.sh_httpscaledobjects.yaml" "$crds/"
 	touch "$crds/.complete"
 	log "CRDs in $crds"
 fi

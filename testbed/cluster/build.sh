@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build the loopback test cluster's binaries from pinned Go modules (versions.env): etcd,
 # kube-apiserver, kube-controller-manager, kube-scheduler, kubectl and kwok, and fetch the CRD YAML
-# (KEDA, Prometheus Operator, Gateway API) and kwok's Stage YAML. Everything lands in
+# (KEDA, its HTTP add-on, Prometheus Operator, Gateway API) and kwok's Stage YAML. Everything lands in
 #   $GS_CACHE/cluster/<versions-key>/{bin,crds,stages}
 # and a warm cache makes this a few seconds of checks. Cold build seconds per component are written
 # to build-times.txt in that folder. Prints the folder on stdout.
@@ -26,6 +26,7 @@ bin="$out/bin"
 components=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok)
 crd_files=(
 	"keda-$KEDA_VERSION/keda.sh_scaledobjects.yaml"
+	"http-add-on-$HTTP_ADD_ON_VERSION/http.keda.sh_httpscaledobjects.yaml"
 	"prometheus-operator-$PROMETHEUS_OPERATOR_VERSION/monitoring.coreos.com_servicemonitors.yaml"
 	"prometheus-operator-$PROMETHEUS_OPERATOR_VERSION/monitoring.coreos.com_podmonitors.yaml"
 	"prometheus-operator-$PROMETHEUS_OPERATOR_VERSION/monitoring.coreos.com_prometheusrules.yaml"
@@ -176,6 +177,11 @@ keda_dir="$out/crds/keda-$KEDA_VERSION"
 if [[ ! -s $keda_dir/keda.sh_scaledobjects.yaml ]]; then
 	copy_files "$(module_dir "github.com/kedacore/keda/v2@$KEDA_VERSION")" "$keda_dir" \
 		config/crd/bases/keda.sh_scaledobjects.yaml
+fi
+http_dir="$out/crds/http-add-on-$HTTP_ADD_ON_VERSION"
+if [[ ! -s $http_dir/http.keda.sh_httpscaledobjects.yaml ]]; then
+	copy_files "$(module_dir "github.com/kedacore/http-add-on@$HTTP_ADD_ON_VERSION")" "$http_dir" \
+		config/crd/bases/http.keda.sh_httpscaledobjects.yaml
 fi
 prom_dir="$out/crds/prometheus-operator-$PROMETHEUS_OPERATOR_VERSION"
 if [[ ! -s $prom_dir/monitoring.coreos.com_prometheusrules.yaml ]]; then

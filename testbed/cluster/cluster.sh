@@ -332,8 +332,9 @@ cmd_start() {
 	wait_for "kube-scheduler /healthz" 60 kube-scheduler "${curl[@]}" -k "https://$host:$port_scheduler/healthz"
 	wait_for "kwok /healthz" 60 kwok "${curl[@]}" "http://$host:$port_kwok/healthz"
 
-	log "CRDs: KEDA $KEDA_VERSION, Prometheus Operator $PROMETHEUS_OPERATOR_VERSION, Gateway API $GATEWAY_API_VERSION"
+	log "CRDs: KEDA $KEDA_VERSION, HTTP add-on $HTTP_ADD_ON_VERSION, Prometheus Operator $PROMETHEUS_OPERATOR_VERSION, Gateway API $GATEWAY_API_VERSION"
 	kubectl apply --server-side --force-conflicts -f "$out/crds/keda-$KEDA_VERSION" \
+		-f "$out/crds/http-add-on-$HTTP_ADD_ON_VERSION" \
 		-f "$out/crds/prometheus-operator-$PROMETHEUS_OPERATOR_VERSION" \
 		-f "$out/crds/gateway-api-$GATEWAY_API_VERSION" >"$dir/logs/crds.log"
 	kubectl wait --for=condition=Established --timeout=60s crd --all >>"$dir/logs/crds.log"

@@ -1,0 +1,125 @@
+"""Rules for a vLLM workload whose requests KEDA's HTTP add-on holds while it starts from zero.
+
+A held request waits at the interceptor until the workload has a ready endpoint (`conditionWait`), then
+for vLLM's response headers (`responseHeader`), which a non-streamed answer sends only when complete.
+Each wait has a default far below what a model takes (the add-on's chart: 20 s and 500 ms), and every
+proxy in front of the interceptor waits for the first byte as long as both together.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+
+from . import k8s
+from .core import MANDATORY, Resource, Rule, attempt
+from .edge import HTTPROUTE, _edges, sent_hosts
+from .holds import Hold, hold_timeouts, holds
+from .k8s import as_list, as_map, dig, duration_seconds, to_int
+from .stack import NGINX_DEFAULT_TIMEOUT, Workload, nginx_class, workloads
+from .workloads import probe_budget
+
+CHART_CONDITION_WAIT = "KEDA_CONDITION_WAIT_TIMEOUT, 20s in the add-on's chart"
+CHART_RESPONSE_HEADER = "KEDA_RESPONSE_HEADER_TIMEOUT, 500ms in the add-on's chart"
+
+
+def startup_budget(workload: Workload) -> int:
+    """The longest startup probe among the workload's vLLM containers: how long a start may take."""
+    return max(probe_budget(as_map(c.get("startupProbe"))) for c in k8s.containers(workload.spec) if k8s.is_vllm_server(c))
+
+
+def _held(resources: Sequence[Resource]) -> list[tuple[Hold, Workload]]:
+    servers = [w for w in workloads(resources) if w.vllm]
+    return [(h, w) for h in holds(resources) for w in servers if h.holds_for(w.namespace, w.resource.kind, str(w.name))]
+
+
+def _hold_problems(hold: Hold, workload: Workload, scaled_objects: set[tuple[str, str]], min_header: int) -> list[str]:
+    timeouts = hold_timeouts(hold.resource)
+    wait, header = timeouts["conditionWait"], timeouts["responseHeader"]
+    budget = startup_budget(workload)
+    problems = []
+    if wait is None or wait < budget:
+        shown = f"timeouts.conditionWait is {dig(hold.resource.view, 'spec', 'timeouts', 'conditionWait')}" if wait is not None \
+            else f"timeouts.conditionWait is unset ({CHART_CONDITION_WAIT})"
+        problems.append(
+            f"{shown}, below the {budget}s the startup probe of {workload.resource.kind} {workload.name} allows for a start: "
+            f"the first request after idling gets 502 while the model still loads. Set conditionWait to \"{budget}s\" or more.")
+    if header is None or header < min_header:
+        shown = f"timeouts.responseHeader is {dig(hold.resource.view, 'spec', 'timeouts', 'responseHeader')}" if header is not None \
+            else f"timeouts.responseHeader is unset ({CHART_RESPONSE_HEADER})"
+        problems.append(
+            f"{shown} (< {min_header}s): vLLM sends the headers of a non-streamed answer when it is complete, and of a "
+            f"streamed one after the queue, so longer answers get 502 (kedacore/http-add-on#432). Set responseHeader to "
+            f"\"{min_header}s\" or more.")
+    if not hold.makes_scaled_object and (hold.namespace, hold.name) in scaled_objects:
+        problems.append(
+            f"skips the add-on's ScaledObject, and the add-on deletes the ScaledObject named {hold.name} it would have made: "
+            f"the stack's own ScaledObject of that name is removed behind its back. Give that ScaledObject another name.")
+    return problems
+
+
+def _edge_wait(edge: Resource, held_services: set[str]) -> list[tuple[str, float]]:
+    """(setting, seconds) of the edge's timeouts in front of the hold (0: no timeout)."""
+    if edge.type == HTTPROUTE:
+        found = []
+        for rule in as_list(dig(edge.view, "spec", "rules")):
+            if not {str(as_map(r).get("name")) for r in as_list(as_map(rule).get("backendRefs"))} & held_services:
+                continue
+            for key in ("request", "backendRequest"):
+                raw = dig(rule, "timeouts", key)
+                seconds = duration_seconds(str(raw)) if raw is not None else None
+                if seconds is not None and seconds > 0:
+                    found.append((f"timeouts.{key}", seconds))
+        return found
+    annotations = as_map(dig(edge.view, "metadata", "annotations"))
+    found = []
+    for key in ("proxy-read-timeout", "proxy-send-timeout"):
+        raw = annotations.get(f"nginx.ingress.kubernetes.io/{key}")
+        seconds = NGINX_DEFAULT_TIMEOUT if raw is None else to_int(raw)
+        if seconds is not None:
+            found.append((key, seconds))
+    return found
+
+
+def _edge_problems(edge: Resource, behind: Mapping[str, list[Workload]], all_holds: Sequence[Hold]) -> list[str]:
+    hosts = sent_hosts(edge)
+    problems = []
+    for name in sorted(behind):
+        for hold in (h for h in all_holds if any(h.routes(host) for host in hosts.get(name, ()))):
+            timeouts = hold_timeouts(hold.resource)
+            if timeouts["conditionWait"] is None or timeouts["responseHeader"] is None:
+                continue  # the interceptor's own defaults, which this rule cannot see (the hold's own problem above)
+            needed = timeouts["conditionWait"] + timeouts["responseHeader"]
+            short = [f"{key} is {seconds:g}s" for key, seconds in _edge_wait(edge, {name}) if seconds < needed]
+            if short:
+                problems.append(
+                    f"{', '.join(short)} in front of the request hold {hold.name}, which waits up to conditionWait for the "
+                    f"model to start and responseHeader for vLLM's first byte ({needed:g}s together): a request that woke "
+                    f"the model is cut with 504 before it is answered. Set it to {needed:g}s or more.")
+    return problems
+
+
+def check_request_hold(resources: list[Resource], cfg: Mapping) -> Iterator[tuple[Resource, str]]:
+    min_header, classes = int(cfg["minResponseHeaderSeconds"]), list(cfg["ingressClassNames"])
+    scaled_objects = {(k8s.namespace(r.view), str(dig(r.view, "metadata", "name")))
+                      for r in k8s.kinds_in(resources, frozenset({k8s.SCALED_OBJECT}))}
+    for hold, workload in _held(resources):
+        for problem in attempt(_hold_problems, hold, workload, scaled_objects, min_header, default=[]):
+            yield hold.resource, problem
+    all_holds = holds(resources)
+    for edge, behind in _edges(resources):
+        # Only nginx reads these annotations; another Ingress controller has timeouts of its own.
+        if edge.type == HTTPROUTE or attempt(nginx_class, edge.view, classes, default=False):
+            for problem in attempt(_edge_problems, edge, behind, all_holds, default=[]):
+                yield edge, problem
+
+
+RULES = [
+    Rule("vllm-request-hold",
+         "An HTTPScaledObject holding the requests of a vLLM workload waits out its startup probe and its longest answer, "
+         "and the edge in front of it waits as long.",
+         MANDATORY, check_request_hold,
+         config={"minResponseHeaderSeconds": {"type": "integer", "minimum": 0, "default": 600,
+                                              "description": "Minimum timeouts.responseHeader of the hold."},
+                 "ingressClassNames": {"type": "array", "items": {"type": "string"}, "default": ["nginx"],
+                                       "description": "Ingress classes served by ingress-nginx."}}),
+]
