@@ -15,7 +15,7 @@ warn_missing(config)  # at preview only: what the cluster lacks (ingress control
 kubernetes = pulumi.ResourceOptions(providers=[kubernetes_provider(config.cluster)])
 
 rules = adapter_rules() if needs_adapter_rules(config.cluster, config.models) else None
-cluster = ClusterBase("cluster", ClusterArgs(config.cluster, adapter_rules=rules), opts=kubernetes)
+cluster = ClusterBase("cluster", ClusterArgs(config.cluster, adapter_rules=rules, nodes=tuple(config.nodes)), opts=kubernetes)
 
 nodes = gpu_nodes(config.nodes, config.cluster, opts=kubernetes)
 

@@ -536,13 +536,16 @@ def policy_config(render: Render) -> dict[str, dict[str, Any]]:
     if render.config is None:
         return {}
     cluster = render.config.cluster
-    return {
+    config = {
         "gpu-taint-toleration": {"gpuTaintKey": cluster.gpu_taint.key},
         "gpu-node-selector": {"gpuProductLabel": cluster.gpu_product_label},
         "gpu-capacity": {"gpuProductLabel": cluster.gpu_product_label},
         "ingress-vllm-streaming": {"ingressClassNames": [cluster.ingress_class]},
         "vllm-revision-pinned": {"requireCommit": cluster.require_commit_revisions},
     }
+    if any(n.gpu.sharing is not None and n.gpu.sharing.time_slicing is not None for n in render.config.nodes):
+        config["gpu-shared-memory"] = {"gpuProductLabel": cluster.gpu_product_label}
+    return config
 
 
 def policy_config_json(render: Render) -> str:
