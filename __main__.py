@@ -16,7 +16,8 @@ kubernetes = pulumi.ResourceOptions(providers=[kubernetes_provider(config.cluste
 
 rules = adapter_rules() if needs_adapter_rules(config.cluster, config.models) else None
 grant = reference_grant(config.cluster, config.models)
-cluster = ClusterBase("cluster", ClusterArgs(config.cluster, adapter_rules=rules, hold_grant=grant), opts=kubernetes)
+cluster = ClusterBase("cluster", ClusterArgs(config.cluster, adapter_rules=rules, hold_grant=grant, nodes=tuple(config.nodes)),
+                      opts=kubernetes)
 
 nodes = gpu_nodes(config.nodes, config.cluster, opts=kubernetes)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -9,7 +10,9 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 import stacks
+from components.sharing import DEVICE_PLUGIN_CONFIG_LABEL, device_plugin_configs, mig_parted_config, time_slicing_configs
 from stacks.config import Cluster as ClusterConfig
+from stacks.config import Node
 
 PART_OF = {"app.kubernetes.io/part-of": "gpu-serving", "app.kubernetes.io/managed-by": "pulumi"}
 # Server-side apply refuses to set a field another field manager owns (a `kubectl edit`/`patch` by
@@ -58,22 +61,50 @@ def runtime_class(cluster: ClusterConfig) -> dict[str, Any] | None:
     )
 
 
-DEVICE_PLUGIN_LABELS = {"app.kubernetes.io/name": "nvidia-device-plugin", **PART_OF}
+PLUGIN_CONFIG_DIR = "/etc/nvidia-device-plugin"
 
 
-def device_plugin(cluster: ClusterConfig) -> dict[str, Any] | None:
-    """The NVIDIA device plugin (NVIDIA's static manifest as typed objects), pinned, on the labelled GPU nodes."""
+def device_plugin(cluster: ClusterConfig, config: str | None = None, shared: Sequence[str] = ()) -> dict[str, Any] | None:
+    """The NVIDIA device plugin (NVIDIA's static manifest as typed objects), pinned, on the labelled GPU nodes.
+
+    Without the Helm chart's config manager a plugin runs one config: `config` names the one of the sharing
+    ConfigMap (components.sharing) that this DaemonSet runs on the nodes labelled with it; the plain DaemonSet
+    keeps off the nodes of every such config in `shared` (two plugins would both register the node's GPUs)."""
     plugin = cluster.device_plugin
     if not plugin.enabled:
         return None
     taint = cluster.gpu_taint
-    selector = {"app.kubernetes.io/name": "nvidia-device-plugin"}
+    name = "nvidia-device-plugin" if config is None else f"nvidia-device-plugin-{config.removeprefix('gpu-serving-')}"
+    selector = {"app.kubernetes.io/name": name}
+    labels = {**selector, **PART_OF}
+    # Keep running (and advertise nothing) on a node whose driver is not ready yet.
+    env = [k8s.core.v1.EnvVarArgs(name="FAIL_ON_INIT_ERROR", value="false")]
+    mounts = [k8s.core.v1.VolumeMountArgs(name="device-plugin", mount_path="/var/lib/kubelet/device-plugins")]
+    volumes = [k8s.core.v1.VolumeArgs(
+        name="device-plugin", host_path=k8s.core.v1.HostPathVolumeSourceArgs(path="/var/lib/kubelet/device-plugins", type="Directory"),
+    )]
+    node_selector = {"nvidia.com/gpu.present": "true"}
+    affinity = None
+    if config is not None:
+        env.append(k8s.core.v1.EnvVarArgs(name="CONFIG_FILE", value=f"{PLUGIN_CONFIG_DIR}/config.yaml"))
+        mounts.append(k8s.core.v1.VolumeMountArgs(name="config", mount_path=PLUGIN_CONFIG_DIR, read_only=True))
+        volumes.append(k8s.core.v1.VolumeArgs(name="config", config_map=k8s.core.v1.ConfigMapVolumeSourceArgs(
+            name=plugin.config_map_name, items=[k8s.core.v1.KeyToPathArgs(key=config, path="config.yaml")],
+        )))
+        node_selector[DEVICE_PLUGIN_CONFIG_LABEL] = config
+    elif shared:
+        affinity = k8s.core.v1.AffinityArgs(node_affinity=k8s.core.v1.NodeAffinityArgs(
+            required_during_scheduling_ignored_during_execution=k8s.core.v1.NodeSelectorArgs(node_selector_terms=[
+                k8s.core.v1.NodeSelectorTermArgs(match_expressions=[k8s.core.v1.NodeSelectorRequirementArgs(
+                    key=DEVICE_PLUGIN_CONFIG_LABEL, operator="NotIn", values=list(shared),
+                )]),
+            ]),
+        ))
     container = k8s.core.v1.ContainerArgs(
         name="nvidia-device-plugin",
         image=plugin.image,
         image_pull_policy="IfNotPresent",
-        # Keep running (and advertise nothing) on a node whose driver is not ready yet.
-        env=[k8s.core.v1.EnvVarArgs(name="FAIL_ON_INIT_ERROR", value="false")],
+        env=env,
         security_context=k8s.core.v1.SecurityContextArgs(
             allow_privilege_escalation=False,
             capabilities=k8s.core.v1.CapabilitiesArgs(drop=["ALL"]),
@@ -81,20 +112,21 @@ def device_plugin(cluster: ClusterConfig) -> dict[str, Any] | None:
         resources=k8s.core.v1.ResourceRequirementsArgs(
             requests={"cpu": "10m", "memory": "32Mi"}, limits={"cpu": "100m", "memory": "128Mi"}
         ),
-        volume_mounts=[k8s.core.v1.VolumeMountArgs(name="device-plugin", mount_path="/var/lib/kubelet/device-plugins")],
+        volume_mounts=mounts,
     )
     return dict(
         metadata=k8s.meta.v1.ObjectMetaArgs(
-            name="nvidia-device-plugin", namespace=plugin.namespace, labels=DEVICE_PLUGIN_LABELS, annotations=applied_annotations(cluster)
+            name=name, namespace=plugin.namespace, labels=labels, annotations=applied_annotations(cluster)
         ),
         spec=k8s.apps.v1.DaemonSetSpecArgs(
             selector=k8s.meta.v1.LabelSelectorArgs(match_labels=selector),
             update_strategy=k8s.apps.v1.DaemonSetUpdateStrategyArgs(type="RollingUpdate"),
             template=k8s.core.v1.PodTemplateSpecArgs(
-                metadata=k8s.meta.v1.ObjectMetaArgs(labels=DEVICE_PLUGIN_LABELS),
+                metadata=k8s.meta.v1.ObjectMetaArgs(labels=labels),
                 spec=k8s.core.v1.PodSpecArgs(
                     # GpuNode labels every configured GPU node with this (no Node Feature Discovery needed).
-                    node_selector={"nvidia.com/gpu.present": "true"},
+                    node_selector=node_selector,
+                    affinity=affinity,
                     tolerations=[
                         k8s.core.v1.TolerationArgs(key=taint.key, operator="Exists", effect=taint.effect),
                         k8s.core.v1.TolerationArgs(key="CriticalAddonsOnly", operator="Exists"),
@@ -105,12 +137,7 @@ def device_plugin(cluster: ClusterConfig) -> dict[str, Any] | None:
                     runtime_class_name=cluster.runtime_class_name,
                     automount_service_account_token=False,
                     containers=[container],
-                    volumes=[
-                        k8s.core.v1.VolumeArgs(
-                            name="device-plugin",
-                            host_path=k8s.core.v1.HostPathVolumeSourceArgs(path="/var/lib/kubelet/device-plugins", type="Directory"),
-                        )
-                    ],
+                    volumes=volumes,
                 ),
             ),
         ),
@@ -156,6 +183,8 @@ class ClusterArgs:
     """prometheus-adapter `config.yaml` for the models' HPAs (components.serving.adapter_rules); None: no ConfigMap."""
     hold_grant: dict[str, Any] | None = None
     """The ReferenceGrant that lets HTTPRoutes reach the request hold's interceptor (components.serving.hold.reference_grant)."""
+    nodes: tuple[Node, ...] = ()
+    """The GPU nodes: those with `gpu.sharing` get the device plugin's and the MIG manager's configs written."""
 
 
 class ClusterBase(pulumi.ComponentResource):
@@ -193,23 +222,43 @@ class ClusterBase(pulumi.ComponentResource):
             self.serving_needs.append(k8s.scheduling.v1.PriorityClass(
                 f"{name}-priority-class", **priority, opts=pulumi.ResourceOptions(parent=self, retain_on_delete=True)
             ))
-        plugin = device_plugin(cluster)
+        shared = time_slicing_configs(args.nodes)
+        plugin = device_plugin(cluster, shared=shared)
         if plugin is not None:
             k8s.apps.v1.DaemonSet(f"{name}-device-plugin", **plugin, opts=pulumi.ResourceOptions(parent=self))
+            for config in shared:
+                variant = device_plugin(cluster, config=config)
+                assert variant is not None  # enabled, as the plain one
+                k8s.apps.v1.DaemonSet(f"{name}-device-plugin-{config}", **variant, opts=pulumi.ResourceOptions(parent=self))
+        self._sharing_configs(name, cluster, args.nodes)
         self.adapter_rules = pulumi.Output.from_input(None)
         if args.adapter_rules is not None:
             adapter = cluster.prometheus_adapter
             # In the adapter's own format and namespace: point the adapter at it (chart value
             # `rules.existing`); the adapter reads rules only at start, so restart it after a change.
-            rules = k8s.core.v1.ConfigMap(
-                f"{name}-adapter-rules",
-                metadata=k8s.meta.v1.ObjectMetaArgs(
-                    name=adapter.config_map_name, namespace=adapter.namespace, labels=PART_OF, annotations=applied_annotations(cluster)
-                ),
-                data={"config.yaml": args.adapter_rules},
-                opts=pulumi.ResourceOptions(parent=self),
-            )
+            rules = self._config_map(f"{name}-adapter-rules", cluster, adapter.namespace, adapter.config_map_name,
+                                     {"config.yaml": args.adapter_rules})
             self.adapter_rules = rules.metadata.apply(lambda m: f"{m.namespace}/{m.name}")
         if args.hold_grant is not None:
             k8s.apiextensions.CustomResource(f"{name}-hold-grant", **args.hold_grant, opts=pulumi.ResourceOptions(parent=self))
         self.register_outputs({"namespace": self.namespace, "adapterRules": self.adapter_rules})
+
+    def _sharing_configs(self, name: str, cluster: ClusterConfig, nodes: tuple[Node, ...]) -> None:
+        """In the namespaces of the programs that read them; the nodes' labels name their entries."""
+        configs = device_plugin_configs(nodes)
+        if configs:
+            plugin = cluster.device_plugin
+            self._config_map(f"{name}-device-plugin-config", cluster, plugin.namespace, plugin.config_map_name, configs)
+        layouts = mig_parted_config(nodes)
+        if layouts is not None:
+            manager = cluster.mig_manager
+            self._config_map(f"{name}-mig-parted-config", cluster, manager.namespace, manager.config_map_name, {"config.yaml": layouts})
+
+    def _config_map(self, resource: str, cluster: ClusterConfig, namespace: str, name: str, data: dict[str, str]) -> k8s.core.v1.ConfigMap:
+        """A ConfigMap another program reads (in that program's namespace)."""
+        return k8s.core.v1.ConfigMap(
+            resource,
+            metadata=k8s.meta.v1.ObjectMetaArgs(name=name, namespace=namespace, labels=PART_OF, annotations=applied_annotations(cluster)),
+            data=data,
+            opts=pulumi.ResourceOptions(parent=self),
+        )

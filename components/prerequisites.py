@@ -116,6 +116,34 @@ def needs(config: StackConfig) -> list[Need]:
                           "no custom metrics API (v1beta1.custom.metrics.k8s.io): the HPAs cannot read "
                           "vllm_num_requests_waiting; install Prometheus and prometheus-adapter with the rules ConfigMap, "
                           "or set cluster.autoscaling to keda or none"))
+    found += sharing_needs(config)
+    return found
+
+
+def sharing_needs(config: StackConfig) -> list[Need]:
+    """With `gpu.sharing`: for MIG the GPU Operator, whose MIG manager creates the instances (the stack only writes
+    their layout), and the namespaces the sharing configs are written to."""
+    cluster, found = config.cluster, []
+    sharing = [n.gpu.sharing for n in config.nodes if n.gpu.sharing is not None]
+    written: dict[str, list[str]] = {}
+    if sharing:
+        plugin = cluster.device_plugin
+        written.setdefault(plugin.namespace, []).append(
+            f"the device plugin's sharing ConfigMap {plugin.config_map_name} (cluster.devicePlugin.namespace)")
+    if any(s.mig is not None for s in sharing):
+        manager = cluster.mig_manager
+        found.append(Need(f"{CRDS}/clusterpolicies.nvidia.com",
+                          "the GPU Operator is not installed (no ClusterPolicy CRD): nothing creates the MIG instances of the "
+                          "gpu.sharing.mig nodes (its MIG manager reads the layouts the stack writes), so their pods stay "
+                          f"Pending on nvidia.com/mig-*; install it with mig.strategy=mixed and migManager.config.name="
+                          f"{manager.config_map_name}"))
+        written.setdefault(manager.namespace, []).append(
+            f"the MIG layouts ConfigMap {manager.config_map_name} (cluster.migManager.namespace)")
+    for namespace, what in written.items():
+        found.append(Need(f"/api/v1/namespaces/{namespace}",
+                          f"namespace {namespace} does not exist: `pulumi up` fails creating {' and '.join(what)} in it; "
+                          "set it to the namespace the device plugin (its Helm release's, or the GPU Operator's) and the "
+                          "MIG manager run in"))
     return found
 
 

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 import stacks
 from stacks.config import TOP_LEVEL_KEYS, StackConfig
 from tests.test_config import prod_raw
+from tests.test_sharing import example_raw
 
 ERROR = re.compile(r"^config error: (?P<path>.+?): \S")
 NASTY_TEXT = st.sampled_from(
@@ -47,15 +48,16 @@ def _paths(value: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
 
 
 PROD = prod_raw()
-PROD_PATHS = _paths(PROD)
+# The GPU sharing example: time-slicing and MIG layouts, models asking for slices and instances.
+SHARING = example_raw()
 
 
 @st.composite
-def mutated_prod(draw: st.DrawFn) -> dict[str, Any]:
-    """The prod config with a few values replaced, deleted, duplicated or added."""
-    raw = copy.deepcopy(PROD)
+def mutated(draw: st.DrawFn, base: dict[str, Any]) -> dict[str, Any]:
+    """The config with a few values replaced, deleted, duplicated or added."""
+    raw = copy.deepcopy(base)
     for _ in range(draw(st.integers(1, 4))):
-        path = draw(st.sampled_from(PROD_PATHS))
+        path = draw(st.sampled_from(_paths(base)))
         parent: Any = raw
         try:
             for part in path[:-1]:
@@ -98,8 +100,14 @@ def assert_loads_or_names_a_key(raw: dict[str, Any]) -> None:
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(mutated_prod())
+@given(mutated(PROD))
 def test_mutated_prod_config_loads_or_names_a_key(raw: dict[str, Any]) -> None:
+    assert_loads_or_names_a_key(raw)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(mutated(SHARING))
+def test_mutated_sharing_config_loads_or_names_a_key(raw: dict[str, Any]) -> None:
     assert_loads_or_names_a_key(raw)
 
 

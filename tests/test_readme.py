@@ -45,6 +45,9 @@ RUN_ELSEWHERE = {
     "pulumi preview --policy-pack policy --policy-pack-config rendered/prod/policy-config.json":
         ("testbed/e2e/engine_checks.py", '"preview", "--policy-pack", "policy", "--policy-pack-config"'),
     "make test": (".ci/run", "stage test make test"),  # the suite itself: CI's `test` stage
+    # README "GPU sharing": the example stack, rendered by the CLI (into a temporary folder there).
+    "venv/bin/python -m tools.render sharing --stack-file docs/examples/Pulumi.sharing.yaml":
+        ("tests/test_sharing.py", '"tools.render", "sharing", "--stack-file", "docs/examples/Pulumi.sharing.yaml"'),
     # docs/testbed.md: e2e drives the loopback cluster through the script `make cluster` runs.
     "eval \"$(bash testbed/cluster/cluster.sh env | sed 's/^/export /')\"":
         ("testbed/e2e/cluster_checks.py", 'self.cluster_sh("env")'),

@@ -41,7 +41,8 @@ def _type_name(annotation: Any) -> str:
     if origin is list:
         return f"list of {_type_name(get_args(annotation)[0])}"
     if origin is dict:
-        return "map of string"
+        value = _type_name(get_args(annotation)[1])
+        return "map of string" if value == "str" else f"map of {value}"
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return "object"
     return getattr(annotation, "__name__", str(annotation))

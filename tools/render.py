@@ -536,16 +536,18 @@ def policy_config(render: Render) -> dict[str, dict[str, Any]]:
     if render.config is None:
         return {}
     cluster = render.config.cluster
-    held = {"vllm-request-hold": {"ingressClassNames": [cluster.ingress_class]}} if any(
-        m.scales_to_zero for m in render.config.models) else {}
-    return {
-        **held,
+    config: dict[str, dict[str, Any]] = {
         "gpu-taint-toleration": {"gpuTaintKey": cluster.gpu_taint.key},
         "gpu-node-selector": {"gpuProductLabel": cluster.gpu_product_label},
         "gpu-capacity": {"gpuProductLabel": cluster.gpu_product_label},
         "ingress-vllm-streaming": {"ingressClassNames": [cluster.ingress_class]},
         "vllm-revision-pinned": {"requireCommit": cluster.require_commit_revisions},
     }
+    if any(n.gpu.sharing is not None and n.gpu.sharing.time_slicing is not None for n in render.config.nodes):
+        config["gpu-shared-memory"] = {"gpuProductLabel": cluster.gpu_product_label}
+    if any(m.scales_to_zero for m in render.config.models):
+        config["vllm-request-hold"] = {"ingressClassNames": [cluster.ingress_class]}
+    return config
 
 
 def policy_config_json(render: Render) -> str:

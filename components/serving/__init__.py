@@ -5,8 +5,9 @@ Every pitfall of the seed's troubleshooting section is a default here, not advic
 Pending pods (GPU demand checked at load, rollouts that need no spare GPU), restart loops
 (a startup probe sized from the weights, `sizing`), downloads on every start (a pre-download
 Job and `HF_HUB_OFFLINE=1`, `jobs`), the shared-memory crash (/dev/shm sized by tensor
-parallelism), two pods on one card (GPUs only through `nvidia.com/gpu`, device env vars
-refused in config, `server`) and broken streaming (ingress buffering off, long timeouts, `edge`).
+parallelism), two pods on one card (GPUs only through the device plugin's resources, a shared card
+only for a model that asks for one, device env vars refused in config, `server`) and broken
+streaming (ingress buffering off, long timeouts, `edge`).
 """
 
 from components.serving.autoscaling import (

@@ -14,6 +14,7 @@ from components.serving.sizing import PROBE_PERIOD_S, deployment_timeout_seconds
 from stacks.config import Cluster as ClusterConfig
 from stacks.config import Model
 from stacks.config.cluster import GFD_PRODUCT_LABEL
+from stacks.config.sharing import resource_name
 
 
 def container_args(model: Model) -> list[str]:
@@ -118,10 +119,11 @@ def resources(model: Model, shm_gi: int) -> k8s.core.v1.ResourceRequirementsArgs
     """Guaranteed QoS: requests equal limits for CPU and memory, so under node pressure the kubelet
     evicts a GPU pod last, never before a best-effort batch pod. The memory includes /dev/shm (a
     memory-backed emptyDir is charged to the container). GPUs only as a limit (the request is
-    defaulted equal): a card is never shared."""
+    defaulted equal): a card is shared only through a resource that says so (`gpuResource`: a time-slice,
+    `nvidia.com/gpu.shared`, or a MIG instance)."""
     memory = memory_limit(model.memory, shm_gi)
     return k8s.core.v1.ResourceRequirementsArgs(
-        limits={"nvidia.com/gpu": str(model.gpus_per_replica), "cpu": model.cpu, "memory": memory},
+        limits={resource_name(model.gpu_resource): str(model.gpus_per_replica), "cpu": model.cpu, "memory": memory},
         requests={"cpu": model.cpu, "memory": memory},
     )
 

@@ -12,6 +12,9 @@ from typing import Any
 from .core import EMPTY, Resource
 
 GPU = "nvidia.com/gpu"
+# A time-slice of a card (the device plugin's renameByDefault), and MIG instances (`nvidia.com/mig-3g.40gb`).
+GPU_SHARED = "nvidia.com/gpu.shared"
+MIG_PREFIX = "nvidia.com/mig-"
 # The gpu-serving stack's own node labels (stacks/config/cluster.py): GPU Feature Discovery owns nvidia.com/gpu.*.
 PROJECT_PRODUCT_LABEL = "gpu-serving/gpu.product"
 PROJECT_COUNT_LABEL = "gpu-serving/gpu.count"
@@ -112,27 +115,53 @@ def container_name(container: Mapping) -> str:
     return str(container.get("name") or "?")
 
 
-def gpu_amount(container: Mapping, section: str = "limits") -> Any:
-    return as_map(dig(container, "resources", section)).get(GPU)
+def is_gpu_resource(name: Any) -> bool:
+    """Whole cards, time-slices and MIG instances: each is a GPU the device plugin hands out."""
+    return isinstance(name, str) and (name in (GPU, GPU_SHARED) or name.startswith(MIG_PREFIX))
+
+
+def gpu_resource_names(container: Mapping) -> list[str]:
+    """The GPU resources a container names under limits or requests, in a stable order."""
+    names = {*as_map(dig(container, "resources", "limits")), *as_map(dig(container, "resources", "requests"))}
+    return sorted(n for n in names if is_gpu_resource(n))
+
+
+def gpu_amount(container: Mapping, section: str = "limits", resource: str = GPU) -> Any:
+    return as_map(dig(container, "resources", section)).get(resource)
+
+
+def gpu_amounts(container: Mapping) -> dict[str, int]:
+    """GPU resources a container gets, by name: its limits (requests may only repeat them)."""
+    found = {}
+    for name in gpu_resource_names(container):
+        limit = gpu_amount(container, "limits", name)
+        found[name] = to_int(gpu_amount(container, "requests", name) if limit is None else limit) or 0
+    return found
 
 
 def gpu_count(container: Mapping) -> int:
-    """GPUs a container gets: its limit (requests may only repeat it)."""
-    limit = gpu_amount(container, "limits")
-    if limit is None:
-        limit = gpu_amount(container, "requests")
-    return to_int(limit) or 0
+    """GPUs a container gets, of every kind."""
+    return sum(gpu_amounts(container).values())
 
 
 def gpu_containers(spec: Mapping) -> list[Mapping]:
     return [c for c in containers(spec) if gpu_count(c) > 0]
 
 
+def pod_gpu_resources(spec: Mapping) -> dict[str, int]:
+    """GPUs one pod holds, by resource: init containers run one at a time before the rest."""
+    held: dict[str, int] = {}
+    for c in containers(spec):
+        for name, amount in gpu_amounts(c).items():
+            held[name] = held.get(name, 0) + amount
+    for c in as_list(spec.get("initContainers")):
+        for name, amount in gpu_amounts(as_map(c)).items():
+            held[name] = max(held.get(name, 0), amount)
+    return {name: amount for name, amount in held.items() if amount}
+
+
 def pod_gpus(spec: Mapping) -> int:
-    """GPUs one pod holds: init containers run one at a time before the rest."""
-    regular = sum(gpu_count(c) for c in containers(spec))
-    init = max((gpu_count(as_map(c)) for c in as_list(spec.get("initContainers"))), default=0)
-    return max(regular, init)
+    return sum(pod_gpu_resources(spec).values())
 
 
 def mounts(container: Mapping) -> list[Mapping]:

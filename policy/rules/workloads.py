@@ -21,19 +21,40 @@ def _gpu_pod(resource: Resource) -> Mapping | None:
 def check_gpu_limits(resource: Resource, _cfg: Mapping) -> Iterator[str]:
     spec = k8s.pod_template(resource)
     for c in k8s.containers(spec or {}, init=True):
-        limit, request = k8s.gpu_amount(c, "limits"), k8s.gpu_amount(c, "requests")
         name = container_name(c)
-        if request is not None and limit is None:
-            yield (f"container '{name}' puts {GPU} only under requests: the API server rejects the pod "
-                   f"(extended resources need a limit). Move it to resources.limits.{GPU}.")
-        elif request is not None and to_int(request) != to_int(limit):
-            yield (f"container '{name}' requests {request} but limits {limit} {GPU}: a card cannot be "
-                   f"shared, so Kubernetes rejects the pod. Drop the request; the limit fills it in.")
-        for amount in (limit, request):
-            if amount is not None and to_int(amount) is None:
-                yield (f"container '{name}' asks for {amount!r} {GPU}: a GPU is indivisible, only whole "
-                       f"numbers are accepted. Use an integer limit.")
-                break
+        for gpu in k8s.gpu_resource_names(c):
+            limit, request = k8s.gpu_amount(c, "limits", gpu), k8s.gpu_amount(c, "requests", gpu)
+            if request is not None and limit is None:
+                yield (f"container '{name}' puts {gpu} only under requests: the API server rejects the pod "
+                       f"(extended resources need a limit). Move it to resources.limits.{gpu}.")
+            elif request is not None and to_int(request) != to_int(limit):
+                yield (f"container '{name}' requests {request} but limits {limit} {gpu}: an extended resource cannot "
+                       f"be overcommitted, so Kubernetes rejects the pod. Drop the request; the limit fills it in.")
+            for amount in (limit, request):
+                if amount is not None and to_int(amount) is None:
+                    yield (f"container '{name}' asks for {amount!r} {gpu}: a GPU is indivisible, only whole "
+                           f"numbers are accepted (share a card with {k8s.GPU_SHARED} or a MIG instance). Use an integer limit.")
+                    break
+
+
+# --- one time-slice, one MIG instance ------------------------------------------------
+
+def check_gpu_one_slice(resource: Resource, _cfg: Mapping) -> Iterator[str]:
+    spec = k8s.pod_template(resource)
+    for c in k8s.containers(spec or {}, init=True):
+        amounts = k8s.gpu_amounts(c)
+        name = container_name(c)
+        shared = amounts.get(k8s.GPU_SHARED, 0)
+        if shared > 1:
+            yield (f"container '{name}' asks for {shared} {k8s.GPU_SHARED}: a time-slice is access to a shared card, not a "
+                   f"share of its compute; two may be one card twice, and with failRequestsGreaterThanOne the device plugin "
+                   f"refuses the pod (UnexpectedAdmissionError). Ask for 1, or for whole cards ({GPU}) to run tensor parallel.")
+        mig = {n: a for n, a in amounts.items() if n.startswith(k8s.MIG_PREFIX)}
+        if sum(mig.values()) > 1:
+            asked = " + ".join(f"{a} {n}" for n, a in mig.items())
+            yield (f"container '{name}' asks for {asked}: a CUDA process uses one MIG instance, and MIG instances have no "
+                   f"peer-to-peer link for tensor parallelism, so the rest sit idle. Ask for one instance of a larger profile, "
+                   f"or for whole cards ({GPU}).")
 
 
 # --- probes ----------------------------------------------------------------------
@@ -295,8 +316,10 @@ def check_vllm_image_pinned(resource: Resource, _cfg: Mapping) -> Iterator[str]:
 
 
 RULES = [
-    Rule("gpu-limit-only", "nvidia.com/gpu is set under resources.limits (requests only if equal).",
+    Rule("gpu-limit-only", "GPU resources (nvidia.com/gpu, gpu.shared, mig-*) are set under resources.limits (requests only if equal).",
          MANDATORY, check_gpu_limits, k8s.WORKLOADS),
+    Rule("gpu-one-slice", "A container asks for at most one time-slice (nvidia.com/gpu.shared) and one MIG instance.",
+         MANDATORY, check_gpu_one_slice, k8s.WORKLOADS),
     Rule("gpu-startup-probe",
          "GPU containers have a startupProbe long enough to load the model, plus readiness and liveness.",
          MANDATORY, check_gpu_probes, k8s.WORKLOADS,

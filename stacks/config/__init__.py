@@ -3,8 +3,8 @@
 The models are the one source of truth for keys, types and defaults; the README's config
 reference is written from them. Everything is validated before any resource is declared,
 and every error names the key path the user has to change. One module per top-level key
-(`cluster`, `nodes`, `modelStorage`, `models`), the cross-key checks in `stack`, and the
-error reporting in `load`.
+(`cluster`, `nodes`, `modelStorage`, `models`; a node's GPU sharing in `sharing`), the cross-key
+checks in `stack`, and the error reporting in `load`.
 """
 
 from stacks.config.base import PROJECT, ConfigError
@@ -12,13 +12,14 @@ from stacks.config.cluster import Cluster, DevicePlugin, GpuTaint, Kubeconfig, P
 from stacks.config.load import TOP_LEVEL_KEYS, parse
 from stacks.config.models import BUNDLE_ENV, BUNDLE_FLAGS, MODEL_NAME_MAX, SECRET_LIKE, Ingress, Model, Replicas, flag_name
 from stacks.config.nodes import Gpu, Node, NodeStorage, Ssh, partition_bytes, size_gb_for
+from stacks.config.sharing import Mig, Sharing, TimeSlicing
 from stacks.config.stack import ROLLOUT_SALT_SECRET, StackConfig, refuse_shrinking
 from stacks.config.storage import ClassStorage, LocalStorage, ModelStorage, NfsStorage, usable_gib
 
 __all__ = [
     "BUNDLE_ENV", "BUNDLE_FLAGS", "MODEL_NAME_MAX", "PROJECT", "ROLLOUT_SALT_SECRET", "SECRET_LIKE", "TOP_LEVEL_KEYS",
     "ClassStorage", "Cluster", "ConfigError", "DevicePlugin", "Gpu", "GpuTaint", "Ingress", "Kubeconfig",
-    "LocalStorage", "Model", "ModelStorage", "NfsStorage", "Node", "NodeStorage", "PrometheusAdapter",
-    "Replicas", "Ssh", "StackConfig", "flag_name", "parse", "partition_bytes", "refuse_shrinking",
+    "LocalStorage", "Mig", "Model", "ModelStorage", "NfsStorage", "Node", "NodeStorage", "PrometheusAdapter",
+    "Replicas", "Sharing", "Ssh", "StackConfig", "TimeSlicing", "flag_name", "parse", "partition_bytes", "refuse_shrinking",
     "size_gb_for", "usable_gib",
 ]

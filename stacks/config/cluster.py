@@ -15,6 +15,15 @@ from stacks.config.base import DNS_DOMAIN, ImageRef, K8sName, LabelValue, Secret
 GPU_PRODUCT_LABEL = "gpu-serving/gpu.product"
 GPU_COUNT_LABEL = "gpu-serving/gpu.count"
 GFD_PRODUCT_LABEL = "nvidia.com/gpu.product"
+# With gpu.sharing, what a node advertises, in the project's own keys after GFD's (`nvidia.com/gpu.replicas`,
+# `nvidia.com/mig-<profile>.count`): the policy pack counts capacity from either.
+GPU_REPLICAS_LABEL = "gpu-serving/gpu.replicas"
+
+
+def mig_count_label(profile: str) -> str:
+    return f"gpu-serving/mig-{profile}.count"
+
+
 # Folders `make render` and `make clean` replace or remove (tools/render.py, Makefile).
 WIPED_FOLDERS = ("rendered", "bench-out")
 PROJECT_DIR = Path(__file__).resolve().parents[2]
@@ -53,7 +62,19 @@ class DevicePlugin(_Model):
     image: ImageRef = "nvcr.io/nvidia/k8s-device-plugin:v0.17.0"
     """Device plugin image with a release version tag or a digest."""
     namespace: K8sName = "kube-system"
-    """Namespace of the DaemonSet."""
+    """Namespace of the DaemonSet, and of the ConfigMap of per-node configs written when a node has `gpu.sharing`: the
+    plugin reads its config from its own namespace (the Helm chart's release namespace; the GPU Operator's `gpu-operator`)."""
+    config_map_name: K8sName = "gpu-serving-device-plugin-config"
+    """That ConfigMap: point the Helm chart's `config.name` (the GPU Operator's `devicePlugin.config.name`) at it."""
+
+
+class MigManager(_Model):
+    """Where NVIDIA's MIG manager (GPU Operator) reads the MIG layouts the stack writes for `gpu.sharing.mig` nodes."""
+
+    namespace: K8sName = "gpu-operator"
+    """Namespace of the MIG manager."""
+    config_map_name: K8sName = "gpu-serving-mig-parted-config"
+    """ConfigMap of the layouts (key `config.yaml`): point the operator's `migManager.config.name` at it."""
 
 
 class PrometheusAdapter(_Model):
@@ -185,6 +206,8 @@ class Cluster(_Model):
     and a model may select on GFD's `nvidia.com/gpu.product` with `gfdProduct`."""
     device_plugin: DevicePlugin = DevicePlugin()
     """NVIDIA device plugin DaemonSet (off: the cluster already has one, e.g. from the GPU Operator)."""
+    mig_manager: MigManager = MigManager()
+    """Where the MIG layouts of `gpu.sharing.mig` nodes are written (the MIG manager itself is the GPU Operator's)."""
     prometheus_adapter: PrometheusAdapter = PrometheusAdapter()
     """Where the adapter rule for the HPAs' queue metric is written."""
     runtime_class_name: K8sName | None = None

@@ -13,6 +13,8 @@ from pydantic import BaseModel, ValidationError
 
 from stacks.config.base import CONFIG_KEY, PATTERN_HELP, PROJECT, ConfigError, UnechoedError, _KeyPathError
 from stacks.config.cluster import LABEL_KEY
+from stacks.config.models import GPU_RESOURCE
+from stacks.config.sharing import MIG_PROFILE
 from stacks.config.stack import StackConfig
 
 TOP_LEVEL_KEYS = ("cluster", "nodes", "modelStorage", "models", "hfTokenSecret")
@@ -43,6 +45,8 @@ FORMATS = {
     r"^[A-Za-z0-9.:_-]+$": "a host name or IP address, e.g. k8s-worker-02 or 10.0.0.2",
     r"^[a-z_][a-z0-9_-]{0,31}$": "a Linux user name, e.g. root",
     r"^/dev/md(/[A-Za-z0-9_.:-]+|[0-9]+)$": "an md array device, e.g. /dev/md1 or /dev/md/models",
+    GPU_RESOURCE: "a GPU resource after nvidia.com/: gpu, gpu.shared or mig-<profile>, e.g. mig-3g.40gb",
+    MIG_PROFILE: "a MIG profile, compute slices and memory, e.g. 3g.40gb",
     LABEL_KEY: "a label key, optionally with a DNS prefix, e.g. release or app.kubernetes.io/part-of",
     r"^https?://[A-Za-z0-9.:_\[\]-]+(/[A-Za-z0-9._~/%?=&-]*)?$":
         "an http(s) URL of the auth service, e.g. http://oauth2-proxy.auth.svc/oauth2/auth",
@@ -221,6 +225,8 @@ def _did_you_mean(key: str, allowed: Iterable[str]) -> str:
 def _key_path(loc: tuple[Any, ...]) -> str:
     path = ""
     for part in loc:
+        if part == "[key]":
+            continue  # pydantic's marker for a mapping's key itself: the key is already the last part
         if isinstance(part, int):
             path += f"[{part}]"
         elif part in ("local", "nfs", "storageClass") and path.endswith("modelStorage"):

@@ -59,6 +59,7 @@ class Ingress(_Model):
         return url
 
 
+GPU_RESOURCE = r"^(gpu|gpu\.shared|mig-[1-7]g\.[0-9]{1,3}gb)$"
 HF_REPO = r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$"
 REVISION = r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,99}$"
 
@@ -258,10 +259,14 @@ class Model(_Model):
     (e.g. `NVIDIA-A100-SXM4-80GB`) instead of the stack's label."""
     gpus_per_replica: int = Field(1, ge=1, le=64)
     """GPUs per pod, all on one node; also `--tensor-parallel-size`."""
+    gpu_resource: str = Field("gpu", pattern=GPU_RESOURCE)
+    """What a pod asks for, after `nvidia.com/`: `gpu` (whole cards), `gpu.shared` (a time-slice of a card on a
+    `timeSlicing` node: memory is shared, never by accident) or `mig-<profile>` (a MIG instance, e.g. `mig-3g.40gb`)."""
     max_model_len: int = Field(8192, ge=128, le=10_000_000)
     """`--max-model-len`: context length, bounds the KV cache."""
     gpu_memory_utilization: float = Field(0.90, gt=0.0, le=1.0)
-    """`--gpu-memory-utilization`: share of GPU memory vLLM may take."""
+    """`--gpu-memory-utilization`: share of GPU memory vLLM may take (of the whole card, also of a time-shared one:
+    the pods that may meet on one card must add up to 1.0 at most)."""
     weights_gb: float = Field(gt=0, le=100_000)
     """Approximate size of the weights on disk; sizes the startup probe and the storage check."""
     replicas: Replicas = Replicas()
@@ -340,6 +345,17 @@ class Model(_Model):
                           f"start, KEDA would stop the pod before it finishes loading and the next request starts over; "
                           f"set {self.cold_start_seconds} or more")
         return self
+
+    @model_validator(mode="after")
+    def _whole_cards_for_tensor_parallelism(self) -> Model:
+        if self.gpus_per_replica == 1 or self.gpu_resource == "gpu":
+            return self
+        why = ("a CUDA process sees one MIG instance, and MIG instances have no peer-to-peer link for NCCL"
+               if self.gpu_resource.startswith("mig-") else
+               "the device plugin hands out time-slices, not cards, so two slices can be one card (and with the "
+               "stack's failRequestsGreaterThanOne it refuses the pod)")
+        raise _at_key("gpusPerReplica", f"{self.gpus_per_replica} with gpuResource {self.gpu_resource}: tensor parallelism "
+                                        f"needs whole cards, and {why}; use gpusPerReplica: 1, or gpuResource: gpu")
 
     @model_validator(mode="after")
     def _non_root_image(self) -> Model:

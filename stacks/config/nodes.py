@@ -9,6 +9,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from stacks.config.base import RAID_NAME, LabelValue, NodeName, SafePath, SecretKeyName, _Model, refuse_port
+from stacks.config.sharing import Sharing, advertised
 
 
 class Ssh(_Model):
@@ -43,7 +44,15 @@ class Gpu(_Model):
     product: LabelValue = Field(min_length=1)
     """Value of the GPU product node label; models choose nodes by it."""
     count: int = Field(ge=1, le=256)
-    """`nvidia.com/gpu` the node advertises: cards, or MIG slices (16 cards × 7 slices = 112)."""
+    """Physical cards, also with `sharing` (what the node then advertises is counted from it: count × replicas
+    time-slices, or count × the MIG layout)."""
+    sharing: Sharing | None = None
+    """Share the cards between pods: `timeSlicing` or `mig`; unset: each pod gets whole cards (`nvidia.com/gpu`)."""
+
+    @property
+    def advertised(self) -> dict[str, int]:
+        """What the node's device plugin advertises, by resource name after `nvidia.com/`."""
+        return advertised(self.count, self.sharing)
 
 
 class NodeStorage(_Model):

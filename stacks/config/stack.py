@@ -14,6 +14,7 @@ from stacks.config.cluster import Cluster
 from stacks.config.models import Model
 from stacks.config.nodes import Node, disk_identity, size_gb_for
 from stacks.config.secrets import value_problem
+from stacks.config.sharing import GPU, SHARED, resource_name
 from stacks.config.storage import ModelStorage, usable_gib
 from stacks.placement import stranded_pod
 
@@ -45,6 +46,7 @@ class StackConfig(_Model):
         self._check_storage_node()
         self._check_models()
         self._check_runtimes()
+        self._check_sharing_plugin()
         self._check_pod_security()
         return self
 
@@ -69,6 +71,18 @@ class StackConfig(_Model):
                     f"models[{i}].securityProfile",
                     "root, but cluster.podSecurity.enforce is restricted, which refuses pods that run as root: "
                     "set securityProfile: nonRoot, or enforce: baseline",
+                )
+
+    def _check_sharing_plugin(self) -> None:
+        if not self.cluster.device_plugin.enabled:
+            return
+        for i, node in enumerate(self.nodes):
+            if node.gpu.sharing is not None and node.gpu.sharing.mig is not None:
+                raise _at(
+                    f"nodes[{i}].gpu.sharing.mig",
+                    "not with cluster.devicePlugin.enabled: the stack's device plugin does not run MIG (the cards need "
+                    "NVIDIA's MIG manager to create the instances, and the plugin CAP_SYS_ADMIN to list them): use the "
+                    "GPU Operator's (devicePlugin.enabled: false)",
                 )
 
     def _check_runtimes(self) -> None:
@@ -167,29 +181,35 @@ class StackConfig(_Model):
 
     def _check_models(self) -> None:
         self._check_replicas_and_routes()
-        demand: Counter[str] = Counter()
+        # Counted per product and per resource a node advertises: whole cards, time-slices, each MIG profile.
+        demand: Counter[tuple[str, str]] = Counter()
         for i, model in enumerate(self.models):
             nodes = [n for n in self.nodes if n.gpu.product == model.gpu_product]
             if not nodes:
                 products = sorted({n.gpu.product for n in self.nodes})
                 raise _at(f"models[{i}].gpuProduct", f"{model.gpu_product!r} matches no node (products: {', '.join(products)})")
-            largest = max(n.gpu.count for n in nodes)
+            resource = model.gpu_resource
+            largest = max(n.gpu.advertised.get(resource, 0) for n in nodes)
+            if largest == 0:
+                raise _at(f"models[{i}].gpuResource", missing_resource(model, nodes))
             if model.gpus_per_replica > largest:
                 raise _at(
                     f"models[{i}].gpusPerReplica",
                     f"{model.gpus_per_replica} GPUs, but the largest {model.gpu_product} node has {largest}; "
                     "one pod cannot span nodes (tensor parallelism needs all its GPUs on one node)",
                 )
-            demand[model.gpu_product] += model.replicas.max * model.gpus_per_replica
-        for product, wanted in demand.items():
-            have = sum(n.gpu.count for n in self.nodes if n.gpu.product == product)
+            demand[(model.gpu_product, resource)] += model.replicas.max * model.gpus_per_replica
+        for (product, resource), wanted in demand.items():
+            have = sum(n.gpu.advertised.get(resource, 0) for n in self.nodes if n.gpu.product == product)
             if wanted > have:
+                what = f"{product} GPUs" if resource == GPU else f"{resource_name(resource)} on {product} nodes"
                 raise _at(
                     "models",
-                    f"at max replicas the models need {wanted} {product} GPUs but the nodes declare {have}; "
-                    "the extra pods would stay Pending with 'Insufficient nvidia.com/gpu' — lower replicas.max or add nodes",
+                    f"at max replicas the models need {wanted} {what} but the nodes declare {have}; "
+                    f"the extra pods would stay Pending with 'Insufficient {resource_name(resource)}' — lower replicas.max or add nodes",
                 )
         self._check_per_node_fit()
+        self._check_shared_memory()
         total = sum(m.disk_gb for m in self.models)
         capacity_gb = self.capacity_gib * 2**30 / 10**9
         weights = "weights and adapters" if any(m.lora for m in self.models) else "weights"
@@ -212,21 +232,24 @@ class StackConfig(_Model):
                     f"{model.gpu_product!r}, but node-local model storage lives on {home.name} ({home.gpu.product}); "
                     "its pods could never schedule — use shared storage (modelStorage.type: nfs or storageClass)",
                 )
-        wanted = sum(m.replicas.max * m.gpus_per_replica for m in self.models)
-        if wanted > home.gpu.count:
-            raise _at(
-                "models",
-                f"at max replicas the models need {wanted} GPUs, but node-local storage keeps every pod on "
-                f"{home.name} ({home.gpu.count} GPUs) and a ReadWriteOnce volume cannot attach to a second node — "
-                "use shared storage (modelStorage.type: nfs or storageClass) or lower replicas.max",
-            )
+        for resource in sorted({m.gpu_resource for m in self.models}):
+            wanted = sum(m.replicas.max * m.gpus_per_replica for m in self.models if m.gpu_resource == resource)
+            have = home.gpu.advertised.get(resource, 0)
+            if wanted > have:
+                unit = "GPUs" if resource == GPU else resource_name(resource)
+                raise _at(
+                    "models",
+                    f"at max replicas the models need {wanted} {unit}, but node-local storage keeps every pod on "
+                    f"{home.name} ({have} {unit}) and a ReadWriteOnce volume cannot attach to a second node — "
+                    "use shared storage (modelStorage.type: nfs or storageClass) or lower replicas.max",
+                )
 
     def _check_per_node_fit(self) -> None:
-        for product in sorted({m.gpu_product for m in self.models}):
-            nodes = [n for n in self.nodes if n.gpu.product == product]
-            models = [(i, m) for i, m in enumerate(self.models) if m.gpu_product == product]
+        for product, resource in sorted({(m.gpu_product, m.gpu_resource) for m in self.models}):
+            nodes = [n for n in self.nodes if n.gpu.product == product and n.gpu.advertised.get(resource)]
+            models = [(i, m) for i, m in enumerate(self.models) if (m.gpu_product, m.gpu_resource) == (product, resource)]
             pods = [m.gpus_per_replica for _, m in models for _ in range(m.replicas.max)]
-            stranding = stranded_pod([n.gpu.count for n in nodes], pods)
+            stranding = stranded_pod([n.gpu.advertised[resource] for n in nodes], pods)
             if stranding is None:
                 continue
             i = next(i for i, m in models if m.gpus_per_replica == stranding.size)
@@ -239,6 +262,32 @@ class StackConfig(_Model):
                 f"its {stranding.size}-GPU pods can be left Pending although the {product} GPUs add up: the scheduler may "
                 f"place the other pods as {placed}, and it never moves a running pod to make room — give the models on "
                 "these nodes the same gpusPerReplica, lower replicas.max, or add a node",
+            )
+
+    def _check_shared_memory(self) -> None:
+        # vLLM's --gpu-memory-utilization is a share of the whole card's memory, taken at start, and
+        # time-slicing isolates no memory: pods on one card must add up to 1.0 at most. The device plugin,
+        # not the scheduler, picks the card behind a slice, and which pods meet on one changes as they
+        # restart, so any `replicas` of the pods that may land on the node can meet on one card.
+        for node in self.nodes:
+            sharing = node.gpu.sharing
+            if sharing is None or sharing.time_slicing is None:
+                continue
+            replicas = sharing.time_slicing.replicas
+            pods = sorted(((m.gpu_memory_utilization, i) for i, m in enumerate(self.models)
+                           if m.gpu_product == node.gpu.product and m.gpu_resource == SHARED for _ in range(m.replicas.max)),
+                          key=lambda pod: (-pod[0], pod[1]))
+            worst = pods[:replicas]
+            total = sum(share for share, _ in worst)
+            if round(total, 6) <= 1:
+                continue
+            shares = " + ".join(f"{share:g} (models[{i}])" for share, i in worst)
+            raise _at(
+                f"models[{worst[0][1]}].gpuMemoryUtilization",
+                f"{worst[0][0]:g}, but on {node.name} up to {replicas} of the shared pods can run on one card "
+                f"(timeSlicing.replicas; the device plugin picks the card, not the scheduler): {shares} = {total:g} of its "
+                "memory, which is not isolated, so the later pod fails at start — lower gpuMemoryUtilization until any "
+                f"{replicas} of them add up to 1.0 or less, or lower timeSlicing.replicas",
             )
 
     def _check_replicas_and_routes(self) -> None:
@@ -372,6 +421,21 @@ class StackConfig(_Model):
 
 
 # ---------------------------------------------------------------------------- against the secret values
+
+
+def missing_resource(model: Model, nodes: list[Node]) -> str:
+    """Why no node of the model's product can run its pods: none advertises what the pods ask for."""
+    resource = model.gpu_resource
+    offered = sorted({name for n in nodes for name in n.gpu.advertised})
+    if resource == GPU:
+        fix = ("set gpuResource to what they advertise (a shared card is never given to a model that did not ask for one), "
+               "or remove gpu.sharing from a node")
+    elif resource == SHARED:
+        fix = "give a node gpu.sharing.timeSlicing, or ask for gpu"
+    else:
+        fix = f"add {resource.removeprefix('mig-')} to a node's gpu.sharing.mig.profiles, or ask for what they advertise"
+    return (f"{resource}, but no {model.gpu_product} node advertises {resource_name(resource)} (they advertise "
+            f"{', '.join(resource_name(o) for o in offered)}): its pods would stay Pending; {fix}")
 
 
 def check_secret_values(stack: StackConfig, value_of: Callable[[str], str]) -> None:

@@ -5,6 +5,10 @@
 #
 #   testbed/cluster/cluster.sh start [--node NAME:GPUS[:CPU:MEMORY]]...   start, wait until usable,
 #                                                                       then print what env prints
+#   testbed/cluster/cluster.sh nodes [--node ...]...                      print the Nodes start would
+#                                                                       create (nothing is started)
+#     GPUS is a number of nvidia.com/gpu, or RESOURCE=N[,RESOURCE=N...] for shared cards:
+#     gpu.shared=4 (time-slices), mig-3g.40gb=2,mig-1g.10gb=7 (MIG instances)
 #   testbed/cluster/cluster.sh stop                                       stop all, remove state
 #   testbed/cluster/cluster.sh status                                     exit 0 running, 3 stopped
 #   testbed/cluster/cluster.sh env                                        KUBECONFIG=... lines
@@ -44,7 +48,7 @@ log() { printf '== cluster: %s\n' "$*" >&2; }
 die() { printf 'cluster: %s\n' "$*" >&2; exit 1; }
 
 usage() {
-	sed -n '2,18s/^# \{0,1\}//p' "$0" >&2
+	sed -n '2,22s/^# \{0,1\}//p' "$0" >&2
 	exit 2
 }
 
@@ -202,8 +206,27 @@ make_kwok_config() {
 	done >"$dir/kwok.yaml"
 }
 
+# What a node may advertise besides nvidia.com/gpu: time-slices and MIG instances (the device plugin's names).
+gpu_resource='(gpu|gpu\.shared|mig-[1-7]g\.[0-9]+gb)'
+node_spec="^[a-z0-9]([-a-z0-9.]*[a-z0-9])?:([0-9]+|$gpu_resource=[0-9]+(,$gpu_resource=[0-9]+)*)(:[0-9]+m?:[0-9]+(Ki|Mi|Gi|Ti)?)?\$"
+
+# gpu_lines GPUS: the node's GPU resources as `    nvidia.com/NAME: "N"` lines.
+gpu_lines() {
+	local item items
+	if [[ $1 =~ ^[0-9]+$ ]]; then
+		printf '    nvidia.com/gpu: "%s"\n' "$1"
+		return
+	fi
+	IFS=, read -ra items <<<"$1"
+	for item in "${items[@]}"; do
+		printf '    nvidia.com/%s: "%s"\n' "${item%%=*}" "${item#*=}"
+	done
+}
+
 # node_yaml NAME GPUS CPU MEMORY: a Node kwok manages (status is kept on create, as for a kubelet).
 node_yaml() {
+	local gpus
+	gpus=$(gpu_lines "$2")
 	cat <<EOF
 apiVersion: v1
 kind: Node
@@ -225,12 +248,12 @@ status:
     cpu: "$3"
     memory: $4
     pods: "110"
-    nvidia.com/gpu: "$2"
+$gpus
   allocatable:
     cpu: "$3"
     memory: $4
     pods: "110"
-    nvidia.com/gpu: "$2"
+$gpus
 EOF
 }
 
@@ -249,23 +272,40 @@ readyz() {
 		"https://$host:$port_apiserver/readyz" >/dev/null
 }
 
-cmd_start() {
-	local nodes=() spec
+# parse_nodes ARGS...: the --node specs into the caller's array `nodes`, each checked.
+parse_nodes() {
+	local spec
+	nodes=()
 	while (($#)); do
 		case $1 in
 		--node) [[ $# -ge 2 ]] || die "--node needs NAME:GPUS[:CPU:MEMORY]"; nodes+=("$2"); shift 2 ;;
 		--node=*) nodes+=("${1#--node=}"); shift ;;
 		-h | --help) usage ;;
-		*) die "start: unknown argument $1 (use --node NAME:GPUS[:CPU:MEMORY])" ;;
+		*) die "$cmd: unknown argument $1 (use --node NAME:GPUS[:CPU:MEMORY])" ;;
 		esac
 	done
 	for spec in "${nodes[@]}"; do
-		[[ $spec =~ ^[a-z0-9]([-a-z0-9.]*[a-z0-9])?:[0-9]+(:[0-9]+m?:[0-9]+(Ki|Mi|Gi|Ti)?)?$ ]] ||
-			die "bad --node $spec: want NAME:GPUS or NAME:GPUS:CPU:MEMORY (e.g. gpu-a:2:32:256Gi)"
+		[[ $spec =~ $node_spec ]] ||
+			die "bad --node $spec: want NAME:GPUS or NAME:GPUS:CPU:MEMORY, GPUS a number or RESOURCE=N,... (e.g. gpu-a:2:32:256Gi, gpu-b:gpu.shared=4)"
 		# the name is also the kubernetes.io/hostname label value
 		local name=${spec%%:*}
 		((${#name} <= 63)) || die "bad --node $spec: the name is longer than 63 characters"
 	done
+}
+
+cmd_nodes() {
+	local nodes spec name gpus cpu mem
+	parse_nodes "$@"
+	for spec in "${nodes[@]}"; do
+		IFS=: read -r name gpus cpu mem <<<"$spec"
+		printf -- '---\n'
+		node_yaml "$name" "$gpus" "${cpu:-32}" "${mem:-256Gi}"
+	done
+}
+
+cmd_start() {
+	local nodes spec
+	parse_nodes "$@"
 	[[ $(running_count) -eq 0 ]] || die "already running in $dir (cluster.sh stop first)"
 	[[ -z $(our_leftovers) ]] || die "processes of an earlier run still use $dir: $(our_leftovers | tr '\n' ' ')"
 	local p
@@ -343,7 +383,7 @@ cmd_start() {
 	for spec in "${nodes[@]}"; do
 		IFS=: read -r name gpus cpu mem <<<"$spec"
 		node_yaml "$name" "$gpus" "${cpu:-32}" "${mem:-256Gi}" | kubectl create -f - >/dev/null
-		log "node $name: $gpus GPU, ${cpu:-32} CPU, ${mem:-256Gi}"
+		log "node $name: GPUs $gpus, ${cpu:-32} CPU, ${mem:-256Gi}"
 	done
 	if ((${#nodes[@]})); then
 		kubectl wait --for=condition=Ready --timeout=60s node -l type=kwok >/dev/null
@@ -435,8 +475,12 @@ stop | status | env)
 	# the binaries' folder, whether or not the build is complete (build.sh --print exits 1 then)
 	out=$("$here/build.sh" --print) || true
 	;;
+nodes)
+	cmd_nodes "$@"
+	exit
+	;;
 -h | --help | help) usage ;;
-*) die "unknown command $cmd (start, stop, status, env)" ;;
+*) die "unknown command $cmd (start, stop, status, env, nodes)" ;;
 esac
 bin=$out/bin
 case $cmd in
