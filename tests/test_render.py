@@ -153,12 +153,38 @@ def test_secret_placeholders_stay_secret(render) -> None:  # type: ignore[no-unt
     assert canary not in out
 
 
-@pytest.mark.parametrize("stack", ["prod", "lab"])
+@pytest.mark.parametrize("stack", ["prod", "lab", "fewgpus"])
 def test_every_stack_renders_without_a_mandatory_policy_violation(stack: str, tmp_path: Path) -> None:
     result = render_cli(stack, "--out", str(tmp_path))
     assert result.returncode == 0, result.stderr
     policy = (tmp_path / "policy.txt").read_text()
     assert "mandatory " not in policy
+
+
+def test_the_few_gpus_example_puts_three_models_on_two_cards(tmp_path: Path) -> None:
+    """README "Many models on few GPUs": one card time-sliced between a model always up and one held at zero,
+    the other card whole for a base model with two adapters; every check and rule passes."""
+    result = render_cli("fewgpus", "--out", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "policy.txt").read_text().strip() == ""
+    objects = [o for o in yaml.safe_load_all((tmp_path / "manifests.yaml").read_text()) if o]
+    gpus = {}
+    for deployment in (o for o in objects if o["kind"] == "Deployment"):
+        limits = deployment["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
+        gpus[deployment["metadata"]["name"]] = {k: v for k, v in limits.items() if k.startswith("nvidia.com/")}
+    assert gpus == {"vllm-qwen3-chat": {"nvidia.com/gpu.shared": "1"}, "vllm-qwen3-rare": {"nvidia.com/gpu.shared": "1"},
+                    "vllm-qwen3-base": {"nvidia.com/gpu": "1"}}
+    cards = {o["metadata"]["name"]: o["metadata"]["labels"] for o in objects if o["kind"] == "Node"}
+    assert sum(int(labels["gpu-serving/gpu.count"]) for labels in cards.values()) == 2
+    assert cards["gpu-shared-1"]["nvidia.com/device-plugin.config"].startswith("gpu-serving-time-slicing-")
+    holds = [o for o in objects if o["kind"] == "HTTPScaledObject"]
+    assert [h["spec"]["scaleTargetRef"]["name"] for h in holds] == ["vllm-qwen3-rare"]
+    scaled = {o["metadata"]["name"]: o["spec"]["minReplicaCount"] for o in objects if o["kind"] == "ScaledObject"}
+    assert scaled == {"vllm-qwen3-rare": 0}
+    base = next(o for o in objects if o["kind"] == "Deployment" and o["metadata"]["name"] == "vllm-qwen3-base")
+    args = base["spec"]["template"]["spec"]["containers"][0]["args"]
+    modules = [a for a in args if "=/models/hub/models--acme--" in a]
+    assert "--enable-lora" in args and [m.split("=", 1)[0] for m in modules] == ["qwen3-sql", "qwen3-support"]
 
 
 def test_a_mandatory_policy_violation_fails_the_render(tmp_path: Path) -> None:

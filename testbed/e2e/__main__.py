@@ -74,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         run.check("runbook-check", run.runbook_check, needs=("up-cluster",))
         run.check("preview-prerequisites", run.preview_prerequisites, needs=("cluster-up",))
         run.check("per-node-fit", run.per_node_fit, needs=("cluster-up",))
+        run.check("shared-gpu-fit", run.shared_gpu_fit, needs=("cluster-up",))
         # Day two: the runbook's operations, one after the other on the cluster stack.
         for name, check in (("grow-cluster", run.grow_cluster), ("replace-disk", run.replace_disk), ("rotate-api-key", run.rotate_api_key),
                             ("rotate-hf-token", run.rotate_hf_token), ("add-model", run.add_model),

@@ -27,6 +27,11 @@ FIT_PRODUCT = "e2e-fit"
 LAB_NODE_GPUS = 2
 # A GPU node the cluster has from the start and the cluster stack takes in later (add-node).
 ADDED_NODE = "lab-node-2"
+# Shared cards for the shared-gpu-fit demonstration, each of a product of its own: one card
+# time-sliced in two, and one A100 80GB in two MIG 3g.40gb instances (what the device plugin
+# advertises for them: `nvidia.com/gpu.shared`, `nvidia.com/mig-3g.40gb`).
+SHARED_NODE, SHARED_PRODUCT = "share-a", "e2e-share"
+MIG_NODE, MIG_PRODUCT = "mig-a", "e2e-mig"
 
 
 def _free_port_block(size: int = 6) -> int:
@@ -126,7 +131,8 @@ class ClusterEndToEnd(EndToEnd):
     # ---- checks ---------------------------------------------------------------------------
 
     def cluster_up(self) -> str:
-        nodes = {"lab-node": LAB_NODE_GPUS, ADDED_NODE: 1, **dict.fromkeys(FIT_NODES, 2)}
+        nodes: dict[str, int | str] = {"lab-node": LAB_NODE_GPUS, ADDED_NODE: 1, **dict.fromkeys(FIT_NODES, 2),
+                                       SHARED_NODE: "gpu.shared=2", MIG_NODE: "mig-3g.40gb=2"}
         self.cluster_env = {"GS_CLUSTER_PORT": str(_free_port_block())}
         start = time.monotonic()
         self.cluster_sh("start", *[arg for name, gpus in nodes.items() for arg in ("--node", f"{name}:{gpus}:32:128Gi")])
@@ -135,12 +141,15 @@ class ClusterEndToEnd(EndToEnd):
             key, _, value = line.partition("=")
             self.cluster_env[key] = value
         require(self.kubectl("get", "--raw", "/readyz").stdout.strip() == "ok", "the API server is not ready")
-        seen = {}
+        seen, wanted = {}, {}
+        for name, gpus in nodes.items():
+            pairs = [("gpu", str(gpus))] if isinstance(gpus, int) else [item.split("=") for item in gpus.split(",")]
+            wanted[name] = (True, {f"nvidia.com/{resource}": count for resource, count in pairs})
         for item in self.get("nodes")["items"]:
             ready = any(c["type"] == "Ready" and c["status"] == "True" for c in item["status"].get("conditions", []))
-            seen[item["metadata"]["name"]] = (ready, item["status"]["capacity"].get("nvidia.com/gpu"))
-        require(seen == {name: (True, str(gpus)) for name, gpus in nodes.items()},
-                f"nodes (Ready, nvidia.com/gpu) are {seen}, expected {nodes} all Ready")
+            gpus = {k: v for k, v in item["status"]["capacity"].items() if k.startswith("nvidia.com/")}
+            seen[item["metadata"]["name"]] = (ready, gpus)
+        require(seen == wanted, f"nodes (Ready, GPU resources) are {seen}, expected {wanted}")
         version = self.kubectl("version", "-o", "json").stdout
         server = json.loads(version)["serverVersion"]["gitVersion"]
         self.report["engine"]["kube-apiserver"] = server
@@ -336,16 +345,74 @@ class ClusterEndToEnd(EndToEnd):
         self.kubectl("delete", "namespace", "fit", "--wait=false")
         return f"refused at load ({refusal[:120]}…); without it: 1-GPU pods on {', '.join(sorted(small))}, the 2-GPU pod Pending: {reason}"
 
-    def _scheduled_nodes(self, app: str, count: int) -> list[str] | None:
-        pods = self.get("pods", "-n", "fit", "-l", f"app={app}")["items"]
+    def shared_gpu_fit(self) -> str:
+        """The load checks of shared cards through the real engine, then what the scheduler does without them."""
+        raw = stack_raw("fewgpus")
+        raw["cluster"] = {**raw["cluster"], "namespace": "sharefit", "renderYamlTo": str(self.tmp / "yaml-sharefit"),
+                          "autoscaling": "none"}
+        raw["cluster"].pop("kubeconfig", None)
+        raw["cluster"].pop("requestHold", None)
+        shared = {**raw["nodes"][0], "name": SHARED_NODE, "gpu": {"product": SHARED_PRODUCT, "count": 1,
+                                                                  "sharing": {"timeSlicing": {"replicas": 2}}}}
+        mig = {**raw["nodes"][1], "name": MIG_NODE, "gpu": {"product": MIG_PRODUCT, "count": 1,
+                                                            "sharing": {"mig": {"card": "A100-80GB", "profiles": {"3g.40gb": 2}}}}}
+        raw["nodes"] = [shared, mig]
+        base = {k: v for k, v in raw["models"][0].items() if k not in ("replicas", "apiKeySecret")}
+        models = {
+            # Two pods at 0.6 of one card's memory: the scheduler puts both on the two slices of one card.
+            "memory": [{**base, "name": "big-a", "gpuProduct": SHARED_PRODUCT, "gpuMemoryUtilization": 0.6},
+                       {**base, "name": "big-b", "gpuProduct": SHARED_PRODUCT, "gpuMemoryUtilization": 0.6}],
+            # Three pods for two MIG instances.
+            "mig": [{**base, "name": "mig", "gpuProduct": MIG_PRODUCT, "gpuResource": "mig-3g.40gb",
+                     "gpuMemoryUtilization": 0.9, "replicas": {"min": 3, "max": 3}}],
+        }
+        refusals = {}
+        for case, key in (("memory", "models[0].gpuMemoryUtilization"), ("mig", "models:")):
+            self.new_stack(f"sharefit-{case}", {**raw, "models": models[case]}, {"sshPrivateKey": "unused"})
+            proc = self.pulumi("preview", stack=f"sharefit-{case}", check=False)
+            text = proc.stdout + proc.stderr
+            refusals[case] = next((line.strip() for line in text.splitlines() if key in line), "")
+            require(proc.returncode != 0 and refusals[case], f"the {case} preview was not refused naming {key}: {tail(text)}")
+        require("nvidia.com/mig-3g.40gb" in refusals["mig"], f"the MIG refusal does not name the resource: {refusals['mig']}")
+        # Without the refusals: the same pods as plain Deployments on the simulated nodes.
+        self.kubectl("label", "--overwrite", "node", SHARED_NODE, f"gpu-serving/gpu.product={SHARED_PRODUCT}")
+        self.kubectl("label", "--overwrite", "node", MIG_NODE, f"gpu-serving/gpu.product={MIG_PRODUCT}")
+        self.kubectl("create", "namespace", "sharefit")
+        for app in ("big-a", "big-b"):
+            self.kubectl("apply", "-f", "-", stdin=_fit_deployment(app, gpus=1, replicas=1, namespace="sharefit",
+                                                                    product=SHARED_PRODUCT, resource="nvidia.com/gpu.shared"))
+
+        def both() -> list[list[str]] | None:
+            nodes = [self._scheduled_nodes(app, 1, "sharefit") for app in ("big-a", "big-b")]
+            return nodes if all(nodes) else None  # type: ignore[return-value]
+
+        shared_nodes = self.wait_for("both 0.6 pods scheduled", both)
+        require(shared_nodes == [[SHARED_NODE], [SHARED_NODE]], f"the shared pods are on {shared_nodes}")
+        self.kubectl("apply", "-f", "-", stdin=_fit_deployment("mig", gpus=1, replicas=3, namespace="sharefit",
+                                                                product=MIG_PRODUCT, resource="nvidia.com/mig-3g.40gb"))
+        reason = self.wait_for("a MIG pod's FailedScheduling event", lambda: self._failed_scheduling("mig", "sharefit"), timeout=60)
+        placed = self._scheduled_nodes("mig", 2, "sharefit", scheduled_only=True)
+        require(placed == [MIG_NODE, MIG_NODE], f"expected two MIG pods on {MIG_NODE}, got {placed}")
+        require("nvidia.com/mig-3g.40gb" in reason, f"the Pending pod's reason names no MIG resource: {reason}")
+        self.kubectl("delete", "namespace", "sharefit", "--wait=false")
+        return (f"refused at load: {refusals['memory'][:100]}…; {refusals['mig'][:100]}…. Without them: both 0.6 pods scheduled "
+                f"on {SHARED_NODE}'s one card (the scheduler counts slices, not memory); two MIG pods on {MIG_NODE}, "
+                f"the third Pending: {reason}")
+
+    def _scheduled_nodes(self, app: str, count: int, namespace: str = "fit", scheduled_only: bool = False) -> list[str] | None:
+        """The nodes of the `count` pods of `app`, or None until there are that many, all scheduled. With
+        `scheduled_only`, the nodes of the scheduled pods, however many there are of all."""
+        pods = self.get("pods", "-n", namespace, "-l", f"app={app}")["items"]
+        if scheduled_only:
+            return sorted(n for p in pods if (n := p["spec"].get("nodeName")))
         nodes = [p["spec"].get("nodeName") for p in pods]
         return nodes if len(nodes) == count and all(nodes) else None
 
-    def _failed_scheduling(self, app: str) -> str | None:
-        pods = self.get("pods", "-n", "fit", "-l", f"app={app}")["items"]
-        if not pods or pods[0]["spec"].get("nodeName"):
+    def _failed_scheduling(self, app: str, namespace: str = "fit") -> str | None:
+        pods = [p for p in self.get("pods", "-n", namespace, "-l", f"app={app}")["items"] if not p["spec"].get("nodeName")]
+        if not pods:
             return None
-        events = self.get("events", "-n", "fit", "--field-selector", f"involvedObject.name={pods[0]['metadata']['name']}")["items"]
+        events = self.get("events", "-n", namespace, "--field-selector", f"involvedObject.name={pods[0]['metadata']['name']}")["items"]
         return next((e["message"] for e in events if e.get("reason") == "FailedScheduling"), None)
 
     def second_up_no_changes_cluster(self) -> str:
@@ -369,14 +436,15 @@ class ClusterEndToEnd(EndToEnd):
         return f"workloads gone; PV {NAMESPACE}-models Retain, {phase} to the kept claim, path /mnt/models"
 
 
-def _fit_deployment(app: str, gpus: int, replicas: int) -> str:
+def _fit_deployment(app: str, gpus: int, replicas: int, namespace: str = "fit", product: str = FIT_PRODUCT,
+                    resource: str = "nvidia.com/gpu") -> str:
     return yaml.safe_dump({
-        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": app, "namespace": "fit"},
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": app, "namespace": namespace},
         "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": app}}, "template": {
             "metadata": {"labels": {"app": app}},
-            "spec": {"nodeSelector": {"gpu-serving/gpu.product": FIT_PRODUCT},
+            "spec": {"nodeSelector": {"gpu-serving/gpu.product": product},
                      "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
                      "containers": [{"name": "vllm", "image": "vllm/vllm-openai:v0.11.0",
                                      "resources": {"requests": {"cpu": "4", "memory": "16Gi"},
-                                                   "limits": {"nvidia.com/gpu": str(gpus), "memory": "16Gi"}}}]}}},
+                                                   "limits": {resource: str(gpus), "memory": "16Gi"}}}]}}},
     })
