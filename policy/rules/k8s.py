@@ -160,10 +160,6 @@ def pod_gpu_resources(spec: Mapping) -> dict[str, int]:
     return {name: amount for name, amount in held.items() if amount}
 
 
-def pod_gpus(spec: Mapping) -> int:
-    return sum(pod_gpu_resources(spec).values())
-
-
 def mounts(container: Mapping) -> list[Mapping]:
     return [as_map(m) for m in as_list(container.get("volumeMounts"))]
 

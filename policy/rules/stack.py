@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from . import k8s
 from .core import ADVISORY, MANDATORY, Resource, Rule, Unknown, attempt
-from .holds import HTTP_SCALED_OBJECT, SKIP_SCALED_OBJECT, holds, replicas, woken_by
+from .holds import HTTP_SCALED_OBJECT, SKIP_SCALED_OBJECT, hold_named, holds, replicas, woken_by
 from .k8s import GPU, as_list, as_map, dig, namespace, to_int
 
 # KEDA's defaults when a ScaledObject does not set maxReplicaCount / minReplicaCount.
@@ -26,10 +26,13 @@ class Workload:
     namespace: str
     name: str | None
     spec: Mapping
-    gpus_per_pod: int
     vllm: bool
     gpu_resources: Mapping[str, int]
     """GPUs one pod holds, by resource (whole cards, time-slices, MIG instances)."""
+
+    @property
+    def gpus_per_pod(self) -> int:
+        return sum(self.gpu_resources.values())
 
 
 def workloads(resources: Sequence[Resource]) -> list[Workload]:
@@ -37,9 +40,8 @@ def workloads(resources: Sequence[Resource]) -> list[Workload]:
 
     def read(r: Resource) -> Workload:
         spec = k8s.pod_template(r) or {}
-        held = k8s.pod_gpu_resources(spec)
         return Workload(r, namespace(r.view), dig(r.view, "metadata", "name"), spec,
-                        sum(held.values()), any(k8s.is_vllm_server(c) for c in k8s.containers(spec)), held)
+                        any(k8s.is_vllm_server(c) for c in k8s.containers(spec)), k8s.pod_gpu_resources(spec))
 
     found = (attempt(read, r) for r in k8s.kinds_in(resources, k8s.WORKLOADS))
     return [w for w in found if w is not None]
@@ -216,15 +218,15 @@ def check_shared_memory(resources: list[Resource], cfg: Mapping) -> Iterator[tup
         if share is not None:
             product = k8s.node_label_value(w.spec, product_label)
             pods += [(share, product, w)] * attempt(max_replicas, w, all_scalers, default=1)
-    reported: set[str] = set()
+    reported: set[tuple[str, str]] = set()
     for node in shared:
         # The device plugin, not the scheduler, picks the card behind a slice: any `replicas` of the pods
         # that may land on the node can meet on one card.
         candidates = sorted((p for p in pods if p[1] in (None, node.product)), key=lambda p: -p[0])[:node.replicas]
         total = sum(share for share, _, _ in candidates)
-        if round(total, 6) <= 1 or not candidates or candidates[0][2].resource.urn + node.product in reported:
+        if round(total, 6) <= 1 or not candidates or (candidates[0][2].resource.urn, node.product) in reported:
             continue
-        reported.add(candidates[0][2].resource.urn + node.product)
+        reported.add((candidates[0][2].resource.urn, node.product))
         shares = " + ".join(f"{share:g} ({w.name})" for share, _, w in candidates)
         yield candidates[0][2].resource, (
             f"vLLM pods sharing {node.product} cards by time-slicing ({node.replicas} per card) may meet on one card: "
@@ -327,9 +329,9 @@ def _hold_problem(scaler: Scaler, resources: Sequence[Resource]) -> str | None:
     named = woken_by(scaler.resource) if scaler.resource.type == k8s.SCALED_OBJECT else []
     if not named:
         return "nothing holds its requests"
-    seen = {(h.namespace, h.name): h for h in holds(resources)}
+    all_holds = holds(resources)
     for name in named:
-        hold = seen.get((scaler.namespace, name))
+        hold = hold_named(all_holds, scaler.namespace, name)
         if hold is None or hold.holds_for(scaler.namespace, scaler.target_kind, scaler.target_name):
             return None
     return (f"its external-push trigger names HTTPScaledObject {', '.join(named)}, which holds the requests of another "

@@ -59,6 +59,8 @@ ImageRef = Annotated[
 ]
 # A Hugging Face commit: the one revision that never moves.
 COMMIT_SHA = r"^[0-9a-f]{40}$"
+# A MIG profile: compute slices and memory (`3g.40gb`); `nodes[].gpu.sharing.mig` and `models[].gpuResource` name them.
+MIG_PROFILE_BODY = r"[1-7]g\.[0-9]{1,3}gb"
 
 
 def _pinned(image: str) -> str:

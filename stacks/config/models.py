@@ -11,6 +11,7 @@ from stacks.config.base import (
     CIDR,
     COMMIT_SHA,
     IPV4,
+    MIG_PROFILE_BODY,
     ImageRef,
     K8sName,
     LabelValue,
@@ -59,7 +60,7 @@ class Ingress(_Model):
         return url
 
 
-GPU_RESOURCE = r"^(gpu|gpu\.shared|mig-[1-7]g\.[0-9]{1,3}gb)$"
+GPU_RESOURCE = rf"^(gpu|gpu\.shared|mig-{MIG_PROFILE_BODY})$"
 HF_REPO = r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$"
 REVISION = r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,99}$"
 

@@ -12,7 +12,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, StringConstraints, model_validator
 
-from stacks.config.base import _Model
+from stacks.config.base import MIG_PROFILE_BODY, _Model
 from stacks.config.models import _at_key
 
 GPU = "gpu"
@@ -20,7 +20,7 @@ SHARED = "gpu.shared"
 """The device plugin's name for a time-slice with `renameByDefault: true`, which this stack always sets:
 a pod that asks for `nvidia.com/gpu` never gets a slice of a shared card by accident, and GPU Feature
 Discovery keeps the product label as it is (it appends `-SHARED` only to resources that are not renamed)."""
-MIG_PROFILE = r"^[1-7]g\.[0-9]{1,3}gb$"
+MIG_PROFILE = rf"^{MIG_PROFILE_BODY}$"
 MigProfile = Annotated[str, StringConstraints(pattern=MIG_PROFILE)]
 
 
@@ -134,7 +134,3 @@ def advertised(count: int, sharing: Sharing | None) -> dict[str, int]:
 def resource_name(gpu_resource: str) -> str:
     return f"nvidia.com/{gpu_resource}"
 
-
-def slices_per_card(sharing: Sharing | None) -> int:
-    """How many pods one card may hold at once: time-slicing's replicas; 1 for a whole card or a MIG instance."""
-    return sharing.time_slicing.replicas if sharing is not None and sharing.time_slicing is not None else 1

@@ -135,20 +135,21 @@ class ClusterEndToEnd(EndToEnd):
     # ---- checks ---------------------------------------------------------------------------
 
     def cluster_up(self) -> str:
-        nodes: dict[str, int | str] = {"lab-node": LAB_NODE_GPUS, ADDED_NODE: 1, **dict.fromkeys(FIT_NODES, 2),
-                                       SHARED_NODE: "gpu.shared=2", MIG_NODE: "mig-3g.40gb=2"}
+        # What each node advertises, by resource after `nvidia.com/`.
+        nodes = {"lab-node": {"gpu": LAB_NODE_GPUS}, ADDED_NODE: {"gpu": 1}, **{name: {"gpu": 2} for name in FIT_NODES},
+                 SHARED_NODE: {"gpu.shared": 2}, MIG_NODE: {"mig-3g.40gb": 2}}
         self.cluster_env = {"GS_CLUSTER_PORT": str(_free_port_block())}
         start = time.monotonic()
-        self.cluster_sh("start", *[arg for name, gpus in nodes.items() for arg in ("--node", f"{name}:{gpus}:32:128Gi")])
+        specs = {name: ",".join(f"{resource}={count}" for resource, count in gpus.items()) for name, gpus in nodes.items()}
+        self.cluster_sh("start", *[arg for name, gpus in specs.items() for arg in ("--node", f"{name}:{gpus}:32:128Gi")])
         self.report["figures"]["clusterStartSeconds"] = round(time.monotonic() - start, 1)
         for line in self.cluster_sh("env").stdout.splitlines():
             key, _, value = line.partition("=")
             self.cluster_env[key] = value
         require(self.kubectl("get", "--raw", "/readyz").stdout.strip() == "ok", "the API server is not ready")
-        seen, wanted = {}, {}
-        for name, gpus in nodes.items():
-            pairs = [("gpu", str(gpus))] if isinstance(gpus, int) else [item.split("=") for item in gpus.split(",")]
-            wanted[name] = (True, {f"nvidia.com/{resource}": count for resource, count in pairs})
+        seen = {}
+        wanted = {name: (True, {f"nvidia.com/{resource}": str(count) for resource, count in gpus.items()})
+                  for name, gpus in nodes.items()}
         for item in self.get("nodes")["items"]:
             ready = any(c["type"] == "Ready" and c["status"] == "True" for c in item["status"].get("conditions", []))
             gpus = {k: v for k, v in item["status"]["capacity"].items() if k.startswith("nvidia.com/")}
@@ -407,7 +408,8 @@ class ClusterEndToEnd(EndToEnd):
         self.kubectl("apply", "-f", "-", stdin=_fit_deployment("mig", gpus=1, replicas=3, namespace="sharefit",
                                                                 product=MIG_PRODUCT, resource="nvidia.com/mig-3g.40gb"))
         reason = self.wait_for("a MIG pod's FailedScheduling event", lambda: self._failed_scheduling("mig", "sharefit"), timeout=60)
-        placed = self._scheduled_nodes("mig", 2, "sharefit", scheduled_only=True)
+        placed = sorted(node for p in self.get("pods", "-n", "sharefit", "-l", "app=mig")["items"]
+                        if (node := p["spec"].get("nodeName")))
         require(placed == [MIG_NODE, MIG_NODE], f"expected two MIG pods on {MIG_NODE}, got {placed}")
         require("nvidia.com/mig-3g.40gb" in reason, f"the Pending pod's reason names no MIG resource: {reason}")
         self.kubectl("delete", "namespace", "sharefit", "--wait=false")
@@ -415,12 +417,8 @@ class ClusterEndToEnd(EndToEnd):
                 f"on {SHARED_NODE}'s one card (the scheduler counts slices, not memory); two MIG pods on {MIG_NODE}, "
                 f"the third Pending: {reason}")
 
-    def _scheduled_nodes(self, app: str, count: int, namespace: str = "fit", scheduled_only: bool = False) -> list[str] | None:
-        """The nodes of the `count` pods of `app`, or None until there are that many, all scheduled. With
-        `scheduled_only`, the nodes of the scheduled pods, however many there are of all."""
+    def _scheduled_nodes(self, app: str, count: int, namespace: str = "fit") -> list[str] | None:
         pods = self.get("pods", "-n", namespace, "-l", f"app={app}")["items"]
-        if scheduled_only:
-            return sorted(n for p in pods if (n := p["spec"].get("nodeName")))
         nodes = [p["spec"].get("nodeName") for p in pods]
         return nodes if len(nodes) == count and all(nodes) else None
 
