@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from components.serving import EXIT_AUTH, EXIT_NOT_FOUND
-from components.serving.jobs import DOWNLOAD_SCRIPT
+from components.serving.jobs import DOWNLOAD_SCRIPT, SMOKE_SCRIPT
 from components.serving.names import MODEL_MOUNT
 from testbed.standins import hub as hub_module
 from testbed.standins import vllm_sim
@@ -342,6 +342,16 @@ def test_a_streamed_chat_completion_arrives_as_sse_chunks(downloaded: Path, star
     assert status == 200 and answer["usage"]["completion_tokens"] == 1 and answer["choices"][0]["finish_reason"] == "length"
     status, body = sim.request("POST", "/v1/chat/completions", {"model": "other", "messages": []})
     assert status == 404 and "`other` does not exist" in json.loads(body)["message"]
+
+
+def test_the_smoke_jobs_script_passes_against_the_stand_in(downloaded: Path, start_sim: Any) -> None:
+    # The script greps `"id":"<model>"`: the stand-in must write JSON as compactly as vLLM does.
+    sim = start_sim(downloaded)
+    env = {"PATH": "/usr/bin:/bin", "BASE": f"http://127.0.0.1:{sim.port}", "MODEL": "qwen3", "HEALTH_WAIT_S": "10",
+           "REQUEST_TIMEOUT_S": "10", "VLLM_API_KEY": API_KEY}
+    result = subprocess.run(["sh", "-c", SMOKE_SCRIPT], env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "served: qwen3" in result.stdout and "inference answered" in result.stdout
 
 
 def test_metrics_carry_every_vllm_series_the_stack_queries(prod: Render, downloaded: Path, start_sim: Any) -> None:

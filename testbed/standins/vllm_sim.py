@@ -303,6 +303,12 @@ def metrics_text(engine: Engine, model_names: list[str]) -> str:
 # ---- OpenAI-compatible answers ----------------------------------------------------------------
 
 
+def compact_json(body: Any) -> str:
+    """As vLLM writes JSON (FastAPI's response, pydantic's `model_dump_json`): no spaces. The smoke
+    Job's script matches `"id":"<model>"` in /v1/models, as clients that grep a body do."""
+    return json.dumps(body, separators=(",", ":"), ensure_ascii=False)
+
+
 def error_body(status: int, kind: str, message: str) -> dict[str, Any]:
     return {"object": "error", "message": message, "type": kind, "param": None, "code": status}
 
@@ -365,7 +371,7 @@ def handler(served: Served, engine: Engine) -> type[BaseHTTPRequestHandler]:
             pass
 
         def send_json(self, status: int, body: Any) -> None:
-            data = json.dumps(body).encode()
+            data = compact_json(body).encode()
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
@@ -490,7 +496,7 @@ def handler(served: Served, engine: Engine) -> type[BaseHTTPRequestHandler]:
             engine.count(f"success_{finish}")
 
         def event(self, data: dict[str, Any]) -> None:
-            self.write_chunk(f"data: {json.dumps(data)}\n\n".encode())
+            self.write_chunk(f"data: {compact_json(data)}\n\n".encode())
 
         def write_chunk(self, data: bytes) -> None:
             self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))

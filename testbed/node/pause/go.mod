@@ -1,0 +1,3 @@
+module gs-testbed/pause
+
+go 1.26
