@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Build the loopback test cluster's binaries from pinned Go modules (versions.env): etcd,
-# kube-apiserver, kube-controller-manager, kube-scheduler, kubectl and kwok, and fetch the CRD YAML
+# kube-apiserver, kube-controller-manager, kube-scheduler, kubectl and kwok; the real node's kubelet,
+# kube-proxy and containerd (containerd, its runc shim, ctr); and fetch the CRD YAML
 # (KEDA, its HTTP add-on, Prometheus Operator, Gateway API) and kwok's Stage YAML. Everything lands in
 #   $GS_CACHE/cluster/<versions-key>/{bin,crds,stages}
 # and a warm cache makes this a few seconds of checks. Cold build seconds per component are written
@@ -20,10 +21,10 @@ source "$here/../lib.sh"
 
 need_go "the cluster"
 go_version=$(go env GOVERSION)
-key="k8s-$KUBERNETES_VERSION-etcd-$ETCD_VERSION-kwok-$KWOK_VERSION-$go_version"
+key="k8s-$KUBERNETES_VERSION-etcd-$ETCD_VERSION-kwok-$KWOK_VERSION-containerd-$CONTAINERD_VERSION-$go_version"
 out="$GS_CACHE/cluster/$key"
 bin="$out/bin"
-components=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok)
+components=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok kubelet kube-proxy containerd)
 crd_files=(
 	"keda-$KEDA_VERSION/keda.sh_scaledobjects.yaml"
 	"http-add-on-$HTTP_ADD_ON_VERSION/http.keda.sh_httpscaledobjects.yaml"
@@ -40,7 +41,7 @@ stages_ok() {
 }
 complete() {
 	local c f
-	for c in "${components[@]}"; do [[ -x $bin/$c ]] || return 1; done
+	for c in "${components[@]}" containerd-shim-runc-v2 ctr; do [[ -x $bin/$c ]] || return 1; done
 	for f in "${crd_files[@]}"; do [[ -s $out/crds/$f || -e $out/crds/$f ]] || return 1; done
 	stages_ok
 }
@@ -122,7 +123,9 @@ for r in d.get("Replace") or []:
 		go get "k8s.io/kubernetes/cmd/kube-apiserver@$KUBERNETES_VERSION" \
 			"k8s.io/kubernetes/cmd/kube-controller-manager@$KUBERNETES_VERSION" \
 			"k8s.io/kubernetes/cmd/kube-scheduler@$KUBERNETES_VERSION" \
-			"k8s.io/kubernetes/cmd/kubectl@$KUBERNETES_VERSION"
+			"k8s.io/kubernetes/cmd/kubectl@$KUBERNETES_VERSION" \
+			"k8s.io/kubernetes/cmd/kubelet@$KUBERNETES_VERSION" \
+			"k8s.io/kubernetes/cmd/kube-proxy@$KUBERNETES_VERSION"
 	) >&2
 }
 kube_ldflags() {
@@ -152,12 +155,25 @@ build_kwok() {
 	mv "$bin/kwok.tmp" "$bin/kwok"
 }
 
+# ---- containerd: the daemon, its runc shim and ctr from one module, in a wrapper of their own. The
+# version string is what the node steps parse (80-runtime.sh reads `containerd --version`).
+wrapper_containerd() { wrapper "$out/src/containerd" "github.com/containerd/containerd/v2@$CONTAINERD_VERSION"; }
+build_containerd() {
+	local m=github.com/containerd/containerd/v2
+	wrapper_containerd
+	mkdir -p "$out/src/containerd/bin"
+	(cd "$out/src/containerd" && go build -mod=mod -trimpath -o bin/ -ldflags "-s -w -X $m/version.Version=$CONTAINERD_VERSION" \
+		"$m/cmd/containerd" "$m/cmd/containerd-shim-runc-v2" "$m/cmd/ctr")
+	mv "$out/src/containerd/bin/"* "$bin/"
+}
+
 for c in "${components[@]}"; do
 	[[ -x $bin/$c ]] && continue
 	log "building $c (cold builds take minutes; log of go on stderr)"
 	case $c in
 	etcd) timed etcd build_etcd ;;
 	kwok) timed kwok build_kwok ;;
+	containerd) timed containerd build_containerd ;;
 	*) timed "$c" build_kube "$c" ;;
 	esac
 done

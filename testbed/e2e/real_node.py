@@ -1,0 +1,309 @@
+"""The real-node checks of `make e2e`: the lab VM joins a loopback cluster of its own as a real
+Kubernetes node (testbed/node/join.py) and the lab stack serves on it, from bare disks to an
+answered request.
+
+Real: the node steps on the VM's disks, kubelet, containerd and runc starting the pods, the local
+PersistentVolume bind-mounted by the kubelet, probes, the preStop hook and SIGTERM, kube-proxy's
+Service rules, the real `huggingface_hub` client in the download Job.
+Standing in, each said to be one where it answers: vLLM (testbed/standins/vllm_sim.py, no GPU, no
+model), the Hugging Face hub (testbed/standins/hub.py on the host's loopback), the GPU (capacity
+patched into the node's status). Not here: NetworkPolicy enforcement (the bridge CNI enforces none),
+cluster DNS (the smoke Job, which resolves the Service's name, is off), an ingress controller.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import http.client
+import json
+import os
+import socket
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from components.serving.drain import PRESTOP_S
+from testbed.e2e.cluster_checks import ClusterEndToEnd, _free_port_block, _time
+from testbed.e2e.run import CheckError, require, stack_raw
+from testbed.node.join import BUNDLE_DISK, GUEST_IP, HUB_GUEST_PORT, POD_GATEWAY, RealNode, make_bundle
+
+NAMESPACE = "ai-real"
+NODE = "real-node"
+PRODUCT = "nvidia-a10"
+MODEL = "qwen25-05b"
+DEPLOYMENT = f"vllm-{MODEL}"
+IMAGE = "gs-testbed/vllm-sim:v0.18.0"
+STARTUP_SECONDS = 20
+"""The stand-in's pretended load time: long enough that the startup probe must hold Ready back."""
+REAL_NODE_CHECKS = ("real-node-ready", "real-pvc-mounted", "real-request", "real-probes", "real-drain")
+VM_MEMORY_MIB, VM_CPUS = 11264, 2
+"""The serving pod is Guaranteed at its memory plus /dev/shm (1Gi + 8Gi here): the kubelet must have 9Gi
+to give. qemu touches guest memory lazily, so the host pays for what the guest uses."""
+WEIGHTS = {"config.json": b'{"model_type": "qwen2", "stand_in": true}\n',
+           "model.safetensors": hashlib.sha256(b"gpu-serving real node").digest() * 4096}
+
+
+def weights_sha256(files: dict[str, bytes]) -> str:
+    """What vllm_sim reports for a snapshot: sha256 over `sha256sum` lines sorted by path."""
+    lines = "".join(f"{hashlib.sha256(data).hexdigest()}  ./{path}\n" for path, data in sorted(files.items()))
+    return hashlib.sha256(lines.encode()).hexdigest()
+
+
+@dataclass
+class RealNodeEndToEnd(ClusterEndToEnd):
+    """The real-node checks; a Run of their own (own VM, cluster, stack) beside the kwok ones."""
+
+    node: RealNode | None = None
+    hub: Any = None
+    tunnels: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def run_all(self) -> None:
+        """The checks in order, each needing the one before; everything stopped afterwards."""
+        try:
+            self.check("real-node-ready", self.real_node_ready)
+            self.check("real-pvc-mounted", self.real_pvc_mounted, needs=("real-node-ready",))
+            self.check("real-request", self.real_request, needs=("real-node-ready",))
+            self.check("real-probes", self.real_probes, needs=("real-node-ready",))
+            self.check("real-drain", self.real_drain, needs=("real-node-ready",))
+        finally:
+            self.stop()
+
+    def node_raw(self, vm_port: int) -> dict[str, Any]:
+        raw = stack_raw("lab")
+        raw["cluster"] = {**raw["cluster"], "namespace": NAMESPACE, "kubeconfig": {"path": self.cluster_env["KUBECONFIG"]}}
+        node = raw["nodes"][0]
+        node["name"], node["ssh"]["port"] = NODE, vm_port
+        node["gpu"]["product"] = PRODUCT
+        raw["modelStorage"]["node"] = NODE
+        model = raw["models"][0]
+        model.update(image=IMAGE, gpuProduct=PRODUCT, cpu="1", memory="1Gi", apiKeySecret="vllmApiKey", smokeTest=False,
+                     extraArgs=[f"--sim-startup-seconds={STARTUP_SECONDS}"])
+        return raw
+
+    # ---- set-up -----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """A cluster with no simulated nodes, the hub stand-in, the VM with the node's bundle, joined."""
+        from testbed.node import images as node_images
+        from testbed.standins.hub import Hub, Repo
+        from tests.vm.harness import DEFAULT_DISKS, Vm, ensure_booted_state, ensure_image
+
+        self.cluster_env = {"GS_CLUSTER_PORT": str(_free_port_block())}
+        self.cluster_sh("start")
+        for line in self.cluster_sh("env").stdout.splitlines():
+            key, _, value = line.partition("=")
+            self.cluster_env[key] = value
+        start = time.monotonic()
+        built = node_images.build(hf_endpoint=f"http://{GUEST_IP}:{HUB_GUEST_PORT}")
+        self.report["figures"]["realNodeImagesSeconds"] = round(time.monotonic() - start, 1)
+        image = ensure_image()
+        disks = (*DEFAULT_DISKS, (BUNDLE_DISK, 1))
+        vm = Vm(self.tmp / "node-vm", disks, image=image, memory_mib=VM_MEMORY_MIB, cpus=VM_CPUS, boot_timeout=600,
+                booted=ensure_booted_state(image, memory_mib=VM_MEMORY_MIB, cpus=VM_CPUS))
+        cache = Path(os.environ.get("GS_CACHE", Path.home() / ".cache" / "gpu-serving"))
+        make_bundle(vm.disk_path(BUNDLE_DISK), Path(self.cluster_env["GS_CLUSTER_BIN"]), built.archive, cache / "node" / "debs")
+        self.vm = vm
+        vm.start()
+        self.report["figures"]["realNodeVmSeconds"] = round(time.monotonic() - start, 1)
+        self.raw = self.node_raw(vm.port)
+        self.secrets = self.secret_values(self.raw, vm.key_path.read_text())
+        repo = Repo(self.raw["models"][0]["huggingFaceId"], WEIGHTS, hashlib.sha1(b"real-node").hexdigest(),
+                    token=self.secrets["hfToken"])
+        # The CDN under the bridge's address: another host name for the client, as the hub's CDN is.
+        self.hub = Hub([repo], 0, f"http://{POD_GATEWAY}:{HUB_GUEST_PORT}").__enter__()
+        self.node = RealNode(vm, NODE, self.cluster_dir, int(self.cluster_env["GS_CLUSTER_PORT"]), list(built.digests),
+                             self.tmp / "node", self.hub.server.server_address[1])
+        self.node.join(self.kubectl)
+        self.report["figures"]["realNodeJoin"] = self.node.timings
+        self.new_stack("node", self.raw, self.secrets)
+
+    def stop(self) -> None:
+        for tunnel in self.tunnels:
+            tunnel.terminate()
+        if self.node is not None:
+            self.node.stop_forwards()
+        if self.hub is not None:
+            self.hub.__exit__(None, None, None)
+        if self.cluster_env.get("KUBECONFIG"):
+            self.cluster_sh("stop", check=False)
+        if self.vm is not None:
+            self.vm.stop()
+
+    # ---- tools ------------------------------------------------------------------------------
+
+    def pod(self) -> dict[str, Any]:
+        selector = f"app.kubernetes.io/instance={MODEL},app.kubernetes.io/component=inference-server"
+        pods = [p for p in self.get("pods", "-n", NAMESPACE, "-l", selector)["items"] if not p["metadata"].get("deletionTimestamp")]
+        require(len(pods) == 1, f"{len(pods)} serving pods: {[p['metadata']['name'] for p in pods]}")
+        return pods[0]
+
+    def tunnel(self, target: str) -> int:
+        """A host port on 127.0.0.1 that the guest's sshd connects through to `target` (host:port as
+        the guest sees it: a ClusterIP goes through kube-proxy's rules like a pod's connection)."""
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        argv = self.vm.ssh_argv(direct=True)
+        proc = subprocess.Popen([*argv[:-1], "-o", "ExitOnForwardFailure=yes", "-N", "-L", f"127.0.0.1:{port}:{target}", argv[-1]],
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.tunnels.append(proc)
+        for _ in range(100):
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    return port
+            require(proc.poll() is None, f"ssh -L {target} exited {proc.returncode}")
+            time.sleep(0.2)
+        raise CheckError(f"ssh -L {target} did not listen in 20 s")
+
+    def service_port(self) -> int:
+        service = self.get("service", DEPLOYMENT, "-n", NAMESPACE)
+        return self.tunnel(f"{service['spec']['clusterIP']}:{service['spec']['ports'][0]['port']}")
+
+    # ---- checks -----------------------------------------------------------------------------
+
+    def real_node_ready(self) -> str:
+        self.start()
+        self.timed("upRealNodeSeconds", "up", "--yes", "--skip-preview", stack="node", timeout=1800)
+        node = self.get("node", NODE)
+        labels, taints, info = node["metadata"].get("labels", {}), node["spec"].get("taints", []), node["status"]["nodeInfo"]
+        require(labels.get("gpu-serving/gpu.product") == PRODUCT, f"labels {labels}")
+        require({"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"} in taints, f"taints {taints}")
+        require(node["status"]["allocatable"].get("nvidia.com/gpu") == "1", f"allocatable {node['status']['allocatable']}")
+        require(info["kubeletVersion"] == self.report["engine"].get("kube-apiserver", info["kubeletVersion"]), f"kubelet {info}")
+        require(info["containerRuntimeVersion"].startswith("containerd://2."), f"runtime {info['containerRuntimeVersion']}")
+        return (f"{NODE}: kubelet {info['kubeletVersion']}, {info['containerRuntimeVersion']}, Ready, labelled and tainted by the "
+                f"stack, nvidia.com/gpu 1 (patched: no device plugin); join {self.node.timings if self.node else {}}")
+
+    def real_pvc_mounted(self) -> str:
+        pod = self.pod()
+        require(pod["spec"].get("nodeName") == NODE, f"the serving pod runs on {pod['spec'].get('nodeName')}")
+        volume = self.get("pv", f"{NAMESPACE}-models")
+        local = volume["spec"]["local"]["path"]
+        # What the container sees at /models, from inside its mount namespace: the kubelet's bind
+        # mount of the PV's path, which is the node steps' XFS on the md array.
+        pid = self.vm_sh("pgrep -f -o 'vllm_sim.py'")
+        inside = self.vm_sh(f"findmnt -N {pid} -n -o SOURCE,FSTYPE /models")
+        array = self.vm_sh(f"findmnt -n -o SOURCE,FSTYPE {local}")
+        require(inside.split()[-1] == "xfs" and inside.split()[0].startswith(array.split()[0]),
+                f"/models in the container is {inside!r}; {local} on the node is {array!r}")
+        served = self.models(self.service_port())["data"][0]
+        want = weights_sha256(WEIGHTS)
+        require(served.get("weights_sha256") == want, f"/v1/models reports weights {served.get('weights_sha256')}, the hub served {want}")
+        return (f"PV path {local} = the array's mount ({array}); in the container /models is {inside}; the server read the "
+                f"files the download Job wrote (weights sha256 {want[:12]}…)")
+
+    def models(self, port: int) -> dict[str, Any]:
+        status, body = self.request(port, "GET", "/v1/models", key=self.secrets["vllmApiKey"])
+        require(status == 200, f"/v1/models answered {status}: {body[:200]!r}")
+        return json.loads(body)
+
+    def request(self, port: int, method: str, path: str, *, key: str | None = None, body: Any = None,
+                timeout: float = 60) -> tuple[int, bytes]:
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+        headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+        connection.request(method, path, body=json.dumps(body) if body is not None else None, headers=headers)
+        response = connection.getresponse()
+        return response.status, response.read()
+
+    def real_request(self) -> str:
+        port = self.service_port()
+        key = self.secrets["vllmApiKey"]
+        ask = {"model": MODEL, "messages": [{"role": "user", "content": "hello"}], "stream": True, "max_tokens": 16}
+        status, body = self.request(port, "POST", "/v1/chat/completions", key=key, body=ask)
+        chunks = [line[len(b"data: "):] for line in body.splitlines() if line.startswith(b"data: ")]
+        require(status == 200 and chunks and chunks[-1] == b"[DONE]", f"streamed completion: {status}, {body[-200:]!r}")
+        words = [json.loads(c)["choices"][0]["delta"].get("content", "") for c in chunks[:-1]]
+        refused, _ = self.request(port, "POST", "/v1/chat/completions", body=ask)
+        require(refused == 401, f"without the API key /v1 answered {refused}")
+        metrics_status, metrics = self.request(port, "GET", "/metrics")
+        require(metrics_status == 200 and b"vllm:num_requests_waiting" in metrics, f"/metrics answered {metrics_status}")
+        return (f"through the Service's ClusterIP (kube-proxy, nftables): a streamed chat completion of {len(chunks) - 1} chunks "
+                f"({''.join(words)[:40]!r}…) ending [DONE]; 401 without the key; /metrics open on the pod's port (the "
+                "NetworkPolicy that limits it to Prometheus is not enforced by the bridge CNI: the policy pack checks it)")
+
+    def ready_pod(self, timeout: float = 180) -> dict[str, Any]:
+        def probe() -> dict[str, Any] | None:
+            with contextlib.suppress(CheckError):
+                pod = self.pod()
+                if any(c["type"] == "Ready" and c["status"] == "True" for c in pod["status"].get("conditions", [])):
+                    return pod
+            return None
+        return self.wait_for("a Ready serving pod", probe, timeout)
+
+    def real_probes(self) -> str:
+        pod = self.ready_pod()
+        status = pod["status"]["containerStatuses"][0]
+        started = _time(status["state"]["running"]["startedAt"])
+        ready = _time(next(c for c in pod["status"]["conditions"] if c["type"] == "Ready")["lastTransitionTime"])
+        # The API keeps whole seconds: the pod became Ready no earlier than the pretended load allows.
+        require((ready - started).total_seconds() >= STARTUP_SECONDS - 1,
+                f"Ready {ready - started} after the container started, before the {STARTUP_SECONDS} s load ended")
+        require(status["restartCount"] == 0, f"the server restarted {status['restartCount']} times while loading")
+        # Readiness: a server that stops answering leaves the Service (three 10 s periods), and comes back.
+        pid = self.vm_sh("pgrep -f -o 'vllm_sim.py'")
+        self.vm_sh(f"kill -STOP {pid}")
+        try:
+            start = time.monotonic()
+            self.wait_for("the stopped server's pod to turn NotReady", lambda: not self.is_ready(self.pod()), 90)
+            unready_after = time.monotonic() - start
+            endpoints = self.endpoints()
+            require(endpoints == [], f"the Service still has ready endpoints {endpoints} for a NotReady pod")
+        finally:
+            self.vm_sh(f"kill -CONT {pid}")
+        self.wait_for("the pod to turn Ready again", lambda: self.is_ready(self.pod()), 90)
+        after = self.pod()["status"]["containerStatuses"][0]
+        require(after["restartCount"] == 0, "the liveness probe restarted the server during a 30 s pause (it allows 90 s)")
+        return (f"Ready {int((ready - started).total_seconds())} s after start (startup probe held it back through a "
+                f"{STARTUP_SECONDS} s load); paused (SIGSTOP): NotReady after {unready_after:.0f} s and out of the Service's "
+                "endpoints, back after SIGCONT, no restart (liveness allows 90 s)")
+
+    @staticmethod
+    def is_ready(pod: dict[str, Any]) -> bool:
+        return any(c["type"] == "Ready" and c["status"] == "True" for c in pod["status"].get("conditions", []))
+
+    def endpoints(self) -> list[str]:
+        slices = self.get("endpointslices", "-n", NAMESPACE, "-l", f"kubernetes.io/service-name={DEPLOYMENT}")["items"]
+        return [address for s in slices for e in s.get("endpoints") or [] if (e.get("conditions") or {}).get("ready")
+                for address in e["addresses"]]
+
+    def real_drain(self) -> str:
+        pod = self.ready_pod()
+        name, ip = pod["metadata"]["name"], pod["status"]["podIP"]
+        port = self.service_port()
+        result: dict[str, Any] = {}
+
+        def stream() -> None:
+            ask = {"model": MODEL, "messages": [{"role": "user", "content": "a long answer"}], "stream": True, "max_tokens": 3000}
+            try:
+                result["status"], result["body"] = self.request(port, "POST", "/v1/chat/completions", key=self.secrets["vllmApiKey"],
+                                                                body=ask, timeout=180)
+            except Exception as exc:  # reported by the check below
+                result["error"] = repr(exc)
+            result["ended"] = time.monotonic()
+
+        thread = threading.Thread(target=stream, daemon=True)
+        thread.start()
+        time.sleep(3)
+        deleted = time.monotonic()
+        self.kubectl("delete", "pod", name, "-n", NAMESPACE, "--wait=false")
+        refused = None
+        while thread.is_alive() and time.monotonic() - deleted < 120:
+            if self.vm.ssh(f"timeout 2 bash -c '</dev/tcp/{ip}/8000'", check=False).returncode != 0:
+                refused = time.monotonic() - deleted
+                break
+            time.sleep(0.5)
+        thread.join(180)
+        body = result.get("body", b"")
+        require(result.get("status") == 200 and body.rstrip().endswith(b"data: [DONE]"),
+                f"the stream running at the deletion did not complete: {result.get('error') or body[-200:]!r}")
+        require(refused is not None, "the deleted pod kept taking new connections until the stream ended")
+        require(refused >= PRESTOP_S - 1, f"new connections refused {refused:.0f} s after the deletion, before preStop's {PRESTOP_S} s")
+        ended = result["ended"] - deleted
+        require(ended > refused, f"the stream ended {ended:.0f} s after the deletion, before the server stopped listening")
+        self.ready_pod()
+        return (f"deleted mid-stream: preStop held SIGTERM {PRESTOP_S} s, then new connections were refused ({refused:.0f} s), "
+                f"the running stream completed ({ended:.0f} s, [DONE]); the Deployment's next pod is Ready")
