@@ -34,7 +34,7 @@ help:
 	@echo "make e2e                   preview, up, grow, destroy under the real engine, lab VM as the node"
 	@echo "make cluster [STACK=prod]  loopback Kubernetes control plane, one simulated GPU node per node of STACK"
 	@echo "make cluster-stop          stop it, leaving nothing running"
-	@echo "make bench-engine          real-engine benchmark: preview and no-op up against a bare program (make bench includes it)"
+	@echo "make bench-engine          real-engine benchmark against a bare program: prod, and fleets up to 32 nodes x 100 models (make bench includes it; BENCH_ARGS=--quick: a fast check)"
 	@echo "make venv                  create ./venv with everything (make render alone installs only the runtime)"
 	@echo "make python-version        check that PYTHON (python3) is new enough"
 	@echo "make clean                 remove rendered/, bench-out/ and test caches"

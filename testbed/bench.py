@@ -132,11 +132,21 @@ def _group(filename: str) -> str | None:
 
 def profile_render(stack_file: Path, work: Path) -> tuple[float, list[tuple[str, float]]]:
     """(profiled seconds, [(group, share of the time)]) of one cProfile'd render of `stack_file`."""
-    import pstats
-
     stats_file = work / "render.prof"
     argv = render_argv("bench", work / "profiled", stack_file)
     subprocess.run([argv[0], "-m", "cProfile", "-o", str(stats_file), *argv[1:]], cwd=ROOT, check=True, capture_output=True)
+    spent = attribute(stats_file, lambda function: _group(function[0]), OTHER)
+    total = sum(spent.values())
+    labels = [label for label, _ in PROFILE_GROUPS] + [OTHER]
+    return total, [(label, spent.get(label, 0.0) / total) for label in labels]
+
+
+def attribute(stats_file: Path, group: Any, other: str) -> dict[str, float]:
+    """{group: seconds} of a cProfile stats file. `group(function)` names the group of a function
+    (its key: file, line, name), or None for code whose time counts for its callers (built-ins, the
+    standard library), split by how much each caller spent there; what has no grouped caller is `other`."""
+    import pstats
+
     stats = pstats.Stats(str(stats_file)).stats  # type: ignore[attr-defined]
     owners: dict[Any, dict[str, float]] = {}
 
@@ -144,18 +154,18 @@ def profile_render(stack_file: Path, work: Path) -> tuple[float, list[tuple[str,
         """{group: fraction} of the code a function's time counts for."""
         if function in owners:
             return owners[function]
-        group = _group(function[0])
-        if group is not None:
-            return {group: 1.0}
+        label = group(function)
+        if label is not None:
+            return {label: 1.0}
         callers = stats[function][4] if function in stats else {}
         weights = {caller: times[2] for caller, times in callers.items() if caller not in seen and caller in stats}
         total = sum(weights.values())
         if total <= 0:
-            return {OTHER: 1.0}
+            return {other: 1.0}
         shares: dict[str, float] = {}
         for caller, weight in weights.items():
-            for label, fraction in owner(caller, seen | {function}).items():
-                shares[label] = shares.get(label, 0.0) + fraction * weight / total
+            for name, fraction in owner(caller, seen | {function}).items():
+                shares[name] = shares.get(name, 0.0) + fraction * weight / total
         owners[function] = shares
         return shares
 
@@ -163,9 +173,7 @@ def profile_render(stack_file: Path, work: Path) -> tuple[float, list[tuple[str,
     for function, (_, _, own, _, _) in stats.items():
         for label, fraction in owner(function, frozenset()).items():
             spent[label] = spent.get(label, 0.0) + own * fraction
-    total = sum(spent.values())
-    labels = [label for label, _ in PROFILE_GROUPS] + [OTHER]
-    return total, [(label, spent.get(label, 0.0) / total) for label in labels]
+    return spent
 
 
 # ---------------------------------------------------------------------------- determinism

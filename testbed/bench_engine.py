@@ -2,12 +2,16 @@
 
     python -m testbed.bench_engine                 # make bench-engine (needs make engine; boots the lab VM)
     python -m testbed.bench_engine --update-docs   # into docs/ (tracked); --out F: elsewhere
+    python -m testbed.bench_engine --quick         # 1 run, fleet sizes 1×1 and 2×3, no VM (~2 min): checks
+                                                   # the benchmark works, figures too noisy to publish
 
 Measured in one run, so the ratios hold on any machine:
 - `pulumi preview` of the prod stack against a bare program that declares the same number of
   resources (ConfigMaps, same engine, same kubernetes provider writing YAML) with no logic;
 - `pulumi up` with nothing to do, of the lab stack (its node is a throwaway VM) against the bare
-  program again.
+  program again;
+- fleet scale (testbed/bench_fleet.py): generated stacks of 1×1, 8×16 and 32×100 nodes × models,
+  preview, up and no-op up against a bare program, the largest preview profiled, and a chart.
 `make bench` includes the file this writes.
 """
 
@@ -24,6 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from testbed import bench_fleet
 from testbed.bench import output_folder
 from testbed.e2e.run import Run, copy_project, engine_env, rendering, stack_raw
 from tools.render import ROOT, run_program
@@ -76,18 +81,22 @@ def median_pair(first: tuple[Run, tuple[str, ...], str], second: tuple[Run, tupl
     return statistics.median(a), statistics.median(b)
 
 
-def markdown(resources: int, preview: tuple[float, float], lab: tuple[int, int], noop: tuple[float, float],
-             versions: dict[str, str], runs: int) -> str:
+def markdown(resources: int, preview: tuple[float, float], lab: tuple[int, int] | None, noop: tuple[float, float] | None,
+             versions: str, runs: int) -> str:
+    rows = [
+        f"| `pulumi preview` of the prod stack ({resources} resources, policy pack off) | {preview[0]:.2f} | {preview[1]:.2f} | "
+        f"**{preview[0] / preview[1]:.2f}×** (target ≤ 1.3×) |",
+    ]
+    if lab is not None and noop is not None:
+        rows.append(f"| `pulumi up` with nothing to do, lab stack ({lab[0]} resources, {lab[1]} node steps) | {noop[0]:.2f} | "
+                    f"{noop[1]:.2f} | {noop[0] / noop[1]:.2f}× |")
     return "\n".join([
         f"Written by `make bench-engine` (`python -m testbed.bench_engine`); median of {runs} runs each, alternating, "
-        f"on {os.cpu_count()} cores; engine: " + ", ".join(f"{k} {v}" for k, v in versions.items()) + ".",
+        f"on {os.cpu_count()} cores; engine: {versions}.",
         "",
         "| command | this program (s) | bare program, same resource count (s) | ratio |",
         "|---|---|---|---|",
-        f"| `pulumi preview` of the prod stack ({resources} resources, policy pack off) | {preview[0]:.2f} | {preview[1]:.2f} | "
-        f"**{preview[0] / preview[1]:.2f}×** (target ≤ 1.3×) |",
-        f"| `pulumi up` with nothing to do, lab stack ({lab[0]} resources, {lab[1]} node steps) | {noop[0]:.2f} | {noop[1]:.2f} | "
-        f"{noop[0] / noop[1]:.2f}× |",
+        *rows,
         "",
         "The bare program declares as many resources as the stack (components included), as many of them Commands "
         "as the stack has node steps (local ones that run `true`, through the same command provider) and the rest "
@@ -96,19 +105,28 @@ def markdown(resources: int, preview: tuple[float, float], lab: tuple[int, int],
     ])
 
 
+def parse_sizes(text: str) -> list[tuple[int, int]]:
+    """`1x1,8x16`: (nodes, models) pairs."""
+    return [(int(nodes), int(models)) for nodes, models in (size.split("x") for size in text.split(","))]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m testbed.bench_engine", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--runs", type=int, help="runs of each command (default 5; 1 with --quick)")
+    parser.add_argument("--quick", action="store_true", help="1 run, small fleet sizes, no VM: checks the benchmark works")
+    parser.add_argument("--sizes", type=parse_sizes, help="fleet sizes, nodes x models: 1x1,8x16,32x100 (the default)")
     parser.add_argument("--update-docs", action="store_true", help=f"write docs/{NAME} (tracked) instead of bench-out/{NAME}")
-    parser.add_argument("--out", type=Path, help=f"markdown file (default bench-out/{NAME})")
+    parser.add_argument("--out", type=Path, help=f"markdown file (default bench-out/{NAME}); the chart goes beside it")
     args = parser.parse_args(argv)
+    args.runs = args.runs or (1 if args.quick else 5)
+    args.sizes = args.sizes or (bench_fleet.QUICK_SIZES if args.quick else bench_fleet.SIZES)
     args.out = args.out or output_folder(None, args.update_docs) / NAME
     args.out.parent.mkdir(parents=True, exist_ok=True)
     from tests.vm.harness import DEFAULT_DISKS, Vm, ensure_image
 
     tmp = Path(tempfile.mkdtemp(prefix="gs-bench-engine-"))
-    env = {**os.environ, **engine_env(), "PULUMI_BACKEND_URL": f"file://{tmp / 'state'}",
-           "PULUMI_CONFIG_PASSPHRASE": secrets.token_urlsafe(24)}
+    env = bench_fleet.bench_env({**os.environ, **engine_env(), "PULUMI_BACKEND_URL": f"file://{tmp / 'state'}",
+                                 "PULUMI_CONFIG_PASSPHRASE": secrets.token_urlsafe(24)}, tmp)
     env.pop("SSH_AUTH_SOCK", None)
     (tmp / "state").mkdir()
     (tmp / "project").mkdir()
@@ -116,35 +134,57 @@ def main(argv: list[str] | None = None) -> int:
     program = Run(tmp, env, tmp)
     bare = Run(tmp / "bare-run", env, tmp)
     bare_project(bare.project)
-    vm = Vm(tmp / "vm", DEFAULT_DISKS, image=ensure_image())
+    vm = None if args.quick else Vm(tmp / "vm", DEFAULT_DISKS, image=ensure_image())
+    lab = noop = None
     try:
+        versions = ", ".join(f"{k} {v}" for k, v in (("pulumi", program.pulumi("version").stdout.strip()),
+                                                     ("kubernetes", env["KUBERNETES_VERSION"]), ("command", env["COMMAND_VERSION"])))
         prod = rendering(stack_raw("prod"), tmp / "yaml-prod")
-        program.new_stack("prod", prod, {"sshPrivateKey": "unused", "sshHostKeyWorker02": "unused"})
+        # Two roles may not share a value (the program refuses it): distinct placeholders, never dialled by a preview.
+        program.new_stack("prod", prod, {"sshPrivateKey": "unused-private-key", "sshHostKeyWorker02": "unused-host-key"})
         resources, commands = shape(run_program("prod", stack_file=program.project / "Pulumi.prod.yaml"))
         bare.pulumi("stack", "init", "bare", "--secrets-provider", "passphrase")
         for key, value in (("count", str(resources)), ("commands", str(commands)), ("folder", str(tmp / "yaml-bare"))):
             bare.pulumi("config", "set", key, value, stack="bare")
+        for run, stack in ((program, "prod"), (bare, "bare")):
+            run.pulumi("preview", stack=stack, timeout=3600)  # untimed: writes the bytecode caches (bench_fleet.bench_env)
         preview = median_pair((program, ("preview",), "prod"), (bare, ("preview",), "bare"), args.runs)
-
-        vm.start()
-        lab = rendering(stack_raw("lab"), tmp / "yaml-lab")
-        lab["nodes"][0]["ssh"]["port"] = vm.port
-        program.new_stack("lab", lab, {"sshPrivateKey": vm.key_path.read_text()})
-        lab_resources, lab_commands = shape(run_program("lab", stack_file=program.project / "Pulumi.lab.yaml"))
-        bare.pulumi("config", "set", "count", str(lab_resources), stack="bare")
-        bare.pulumi("config", "set", "commands", str(lab_commands), stack="bare")
-        program.pulumi("up", "--yes", "--skip-preview", stack="lab", timeout=3600)
-        bare.pulumi("up", "--yes", "--skip-preview", stack="bare")
-        noop = median_pair((program, ("up", "--yes", "--skip-preview", "--expect-no-changes"), "lab"),
-                           (bare, ("up", "--yes", "--skip-preview", "--expect-no-changes"), "bare"), args.runs)
-        versions = {"pulumi": program.pulumi("version").stdout.strip(), "kubernetes": env["KUBERNETES_VERSION"],
-                    "command": env["COMMAND_VERSION"]}
+        if vm is not None:
+            lab, noop = lab_noop_up(program, bare, vm, tmp, args.runs)
+            vm.stop()  # the fleet section needs no VM: its CPU goes back to the engine
+        fleet_bare = Run(tmp / "fleet-bare-run", env, tmp)
+        bench_fleet.bare_project(fleet_bare.project)
+        rows, profile = bench_fleet.fleet(program, fleet_bare, args.sizes, args.runs, tmp, profile=True)
     finally:
-        vm.stop()
+        if vm is not None:
+            vm.stop()
         shutil.rmtree(tmp, ignore_errors=True)
-    args.out.write_text(markdown(resources, preview, (lab_resources, lab_commands), noop, versions, args.runs) + "\n")
-    print(f"wrote {args.out}: preview {preview[0] / preview[1]:.2f}x the bare program, no-op up {noop[0]:.1f} s")
+    chart = args.out.parent / bench_fleet.CHART
+    bench_fleet.chart(rows, chart)
+    report = markdown(resources, preview, lab, noop, versions, args.runs)
+    fleet = bench_fleet.markdown(rows, profile, args.runs, versions, chart.name)
+    args.out.write_text(f"{report}\n\n{fleet}\n")
+    largest = rows[-1]
+    print(f"wrote {args.out} and {chart.name}: prod preview {preview[0] / preview[1]:.2f}x the bare program; "
+          f"{largest.label}: preview {largest.preview.ratio:.2f}x, up {largest.up.ratio:.2f}x, no-op up {largest.noop.ratio:.2f}x, "
+          f"{largest.noop_commands} Commands run by the no-op ups")
     return 0
+
+
+def lab_noop_up(program: Run, bare: Run, vm: Any, tmp: Path, runs: int) -> tuple[tuple[int, int], tuple[float, float]]:
+    """((resources, node steps) of the lab stack, no-op up seconds (ours, bare)) on the lab VM."""
+    vm.start()
+    lab = rendering(stack_raw("lab"), tmp / "yaml-lab")
+    lab["nodes"][0]["ssh"]["port"] = vm.port
+    program.new_stack("lab", lab, {"sshPrivateKey": vm.key_path.read_text()})
+    lab_resources, lab_commands = shape(run_program("lab", stack_file=program.project / "Pulumi.lab.yaml"))
+    bare.pulumi("config", "set", "count", str(lab_resources), stack="bare")
+    bare.pulumi("config", "set", "commands", str(lab_commands), stack="bare")
+    program.pulumi("up", "--yes", "--skip-preview", stack="lab", timeout=3600)
+    bare.pulumi("up", "--yes", "--skip-preview", stack="bare")
+    noop = median_pair((program, ("up", "--yes", "--skip-preview", "--expect-no-changes"), "lab"),
+                       (bare, ("up", "--yes", "--skip-preview", "--expect-no-changes"), "bare"), runs)
+    return (lab_resources, lab_commands), noop
 
 
 if __name__ == "__main__":

@@ -59,6 +59,8 @@ def main(argv: list[str] | None = None) -> int:
         run.check("preview-prod", run.preview_prod)
         run.check("preview-policy-violation", run.preview_policy_violation, needs=("preview-prod",))
         run.check("preview-refuses-like-render", run.preview_refuses_like_render)
+        # Before the VM and the cluster take the CPU: its figures are only checked, not published.
+        run.check("bench-engine-quick", run.bench_engine_quick)
         run.check("up-lab", run.up_lab)
         run.check("render-matches-engine", run.render_matches_engine, needs=("up-lab",))
         run.check("second-up-no-changes", run.second_up_no_changes, needs=("up-lab",))

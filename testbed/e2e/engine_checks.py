@@ -6,6 +6,7 @@ import json
 import re
 import secrets
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ import yaml
 
 from stacks.config import parse
 from testbed.e2e.run import CheckError, Run, object_key, provider_objects, rendering, require, stack_raw, tail
-from tools.render import RenderError, policy_config_json, run_program, write
+from tools.render import ROOT, RenderError, policy_config_json, run_program, write
 
 LAB_SIZE_GB, GROWN_SIZE_GB = 2, 3
 CANARY_FILE = "/mnt/models/e2e-canary.bin"
@@ -95,6 +96,18 @@ class EndToEnd(Run):
         require("gpu-startup-probe" in text and "mandatory" in text, f"the failure does not name the rule: {tail(text)}")
         line = next(line.strip() for line in text.splitlines() if "gpu-startup-probe" in line)
         return f"preview failed (exit {proc.returncode}): {line}"
+
+    def bench_engine_quick(self) -> str:
+        """`make bench-engine BENCH_ARGS=--quick` on the real engine, through its test (tests/test_bench_fleet.py),
+        which `make test` skips: it runs here, where the engine is built. Its own temporary project and backend."""
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_bench_fleet.py",
+                               "-k", "quick_engine_bench"], cwd=ROOT, env={**self.env, "GS_ENGINE_TESTS": "1"},
+                              capture_output=True, text=True, timeout=1200)
+        with self.log.open("a") as log:
+            log.write(f"$ GS_ENGINE_TESTS=1 pytest tests/test_bench_fleet.py -k quick_engine_bench\n{proc.stdout}{proc.stderr}\n")
+        summary = tail(proc.stdout, 1)
+        require(proc.returncode == 0 and "1 passed" in summary, f"the quick benchmark's test: {tail(proc.stdout + proc.stderr)}")
+        return summary
 
     def preview_refuses_like_render(self) -> str:
         """Stack files the offline render refuses are refused by `pulumi preview` too, naming the same key."""

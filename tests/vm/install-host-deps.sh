@@ -4,7 +4,9 @@
 set -euo pipefail
 
 # parted + e2fsprogs: build-image.sh partitions disk.raw and runs mkfs.ext4 -d on the host.
-pkgs=(qemu-system-x86 qemu-utils debootstrap openssh-client parted e2fsprogs)
+# python3-asyncssh: the real-engine benchmark's stand-in SSH hosts (testbed/standins/ssh.py) run
+# under Debian's python3, so the project's venv carries no SSH server library.
+pkgs=(qemu-system-x86 qemu-utils debootstrap openssh-client parted e2fsprogs python3-asyncssh)
 
 missing=()
 for p in "${pkgs[@]}"; do

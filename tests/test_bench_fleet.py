@@ -1,0 +1,269 @@
+"""The fleet section of `make bench-engine` (testbed/bench_fleet.py) and what it stands on: node steps of
+different nodes wait for each other only where the runtime chain says so, the SSH stand-in runs nothing,
+the hook reports only on the program's process, and the report's arithmetic. The quick benchmark itself
+needs the built engine: `make e2e` runs it (check bench-engine-quick, GS_ENGINE_TESTS=1)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from components.node import RUNTIME_STEP
+from testbed import bench_fleet
+from testbed.bench import generated_stack
+from testbed.bench_fleet import Pair, Sample, Shape, SizeResult
+from testbed.e2e.run import rendering
+from testbed.standins.ssh import chains, overlapping_nodes, read_log, step_of
+from tools.render import ROOT, Render, run_program
+
+# ---------------------------------------------------------------------------- node steps in parallel
+
+
+def render_generated(nodes: int, models: int, tmp_path: Path, without_runtime: tuple[int, ...] = ()) -> Render:
+    """The generated stack, the nodes at `without_runtime` with no runtime step (containerRuntime: none)."""
+    document = generated_stack(models, nodes)
+    for i in without_runtime:
+        document["config"]["gpu-serving:nodes"][i]["containerRuntime"] = "none"
+    stack_file = tmp_path / "Pulumi.fleet.yaml"
+    stack_file.write_text(yaml.safe_dump(document))
+    return run_program("fleet", stack_file=stack_file)
+
+
+def waits_for(render: Render) -> dict[str, set[str]]:
+    """Each resource's URN → every resource it waits for, directly or through others (a dependency on a
+    component is one on everything inside it, as the engine has it)."""
+    children: dict[str, list[str]] = {}
+    for r in render.resources:
+        children.setdefault(r.parent, []).append(r.urn)
+
+    def inside(urn: str) -> set[str]:
+        found = {urn}
+        for child in children.get(urn, []):
+            found |= inside(child)
+        return found
+
+    direct = {r.urn: {d for dep in r.options.get("dependsOn", []) for d in inside(dep)} for r in render.resources}
+    closed: dict[str, set[str]] = {}
+
+    def close(urn: str) -> set[str]:
+        if urn not in closed:
+            closed[urn] = set()
+            for dep in direct.get(urn, ()):
+                closed[urn] |= {dep} | close(dep)
+        return closed[urn]
+
+    return {urn: close(urn) for urn in direct}
+
+
+def node_and_step(command: Any) -> tuple[str, str]:
+    node, _, step = command.name.partition(":")
+    return node, step
+
+
+@pytest.mark.parametrize("without_runtime", [(), (1,)], ids=["every node", "the second node without a runtime step"])
+def test_node_steps_of_different_nodes_wait_only_on_the_runtime_chain(without_runtime: tuple[int, ...], tmp_path: Path) -> None:
+    render = render_generated(4, 2, tmp_path, without_runtime)
+    commands = {c.urn: c for c in render.of_type("command:remote:Command")}
+    nodes = sorted({node_and_step(c)[0] for c in commands.values()})
+    assert len(nodes) >= 2, "the check needs two nodes at least"
+    runtime = {node_and_step(c)[0]: urn for urn, c in commands.items() if node_and_step(c)[1] == RUNTIME_STEP}
+    waits = waits_for(render)
+    for urn, command in commands.items():
+        node, step = node_and_step(command)
+        others = {d for d in waits[urn] if d in commands and node_and_step(commands[d])[0] != node}
+        if step != RUNTIME_STEP:
+            assert not others, f"{command.name} waits for {sorted(commands[o].name for o in others)} of other nodes"
+            continue
+        # By design: one node's runtime restart at a time, in node-name order, and nothing else of other nodes.
+        previous = [n for n in nodes if n < node and n in runtime]
+        assert others == {runtime[n] for n in previous}, f"{command.name} waits for {sorted(commands[o].name for o in others)}"
+        direct = {d for d in command.options.get("dependsOn", []) if d in commands and node_and_step(commands[d])[0] != node}
+        assert direct == ({runtime[previous[-1]]} if previous else set())
+
+
+# ---------------------------------------------------------------------------- the SSH stand-in
+
+
+def test_overlap_counts_nodes_not_sessions() -> None:
+    def s(node: str, start: float, end: float) -> dict[str, Any]:
+        return {"node": node, "step": "-", "start": start, "end": end}
+
+    assert overlapping_nodes([s("a", 0, 2), s("b", 1, 3), s("a", 2.5, 4), s("c", 4.5, 5)]) == 2
+    assert overlapping_nodes([s("a", 0, 3), s("a", 1, 2)]) == 1  # two sessions of one node are one node
+    assert overlapping_nodes([s("a", 0, 1), s("b", 1, 2)]) == 1  # touching is not overlapping
+    assert overlapping_nodes([]) == 0
+
+
+def test_disk_steps_side_by_side_are_counted_per_node_within_one_up() -> None:
+    def s(node: str, step: str, start: float) -> dict[str, Any]:
+        return {"node": node, "step": step, "start": start, "end": start + 0.01}
+
+    # gpu-00 and gpu-01 interleave, gpu-02 starts after both finished; the runtime steps and the
+    # sessions of another up (outside the window) do not count.
+    sessions = [s("gpu-00", "10-preflight", 1), s("gpu-01", "10-preflight", 1.5), s("gpu-00", "20-partition", 2),
+                s("gpu-01", "20-partition", 2.5), s("gpu-02", "10-preflight", 3), s("gpu-02", "80-runtime", 1.2),
+                s("gpu-02", "20-partition", 3.5), s("gpu-03", "10-preflight", 20), s("gpu-00", "30-raid", 21)]
+    assert bench_fleet.disk_chains_overlapping(sessions, (0, 10)) == 2
+    assert [c["node"] for c in chains(sessions[:2])] == ["gpu-00", "gpu-01"]
+
+
+def test_step_names_come_from_the_rendered_script_header(prod: Render) -> None:
+    command = prod.of_type("command:remote:Command")[0]
+    assert step_of(command.inputs["create"]) == command.name.partition(":")[2]
+    assert step_of("true") == "-"
+
+
+def system_python_has_asyncssh() -> bool:
+    probe = subprocess.run([bench_fleet.SYSTEM_PYTHON, "-c", "import asyncssh"], capture_output=True)
+    return probe.returncode == 0
+
+
+@pytest.mark.skipif(not Path(bench_fleet.SYSTEM_PYTHON).exists() or not system_python_has_asyncssh(),
+                    reason="needs Debian's python3-asyncssh (bash tests/vm/install-host-deps.sh)")
+def test_ssh_standin_answers_every_exec_and_runs_nothing(tmp_path: Path, prod: Render) -> None:
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "key")], check=True)
+    log, marker = tmp_path / "sessions.jsonl", tmp_path / "ran"
+    script = prod.of_type("command:remote:Command")[0].inputs["create"] + f"\ntouch {marker}\n"
+    with bench_fleet.ssh_standin(["gpu-00", "gpu-01"], log) as ports:
+        assert set(ports) == {"gpu-00", "gpu-01"}
+        proc = subprocess.run(["ssh", "-p", str(ports["gpu-01"]), "-i", str(tmp_path / "key"), "-o", "BatchMode=yes",
+                               "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "root@127.0.0.1", script],
+                              capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == ""
+    assert not marker.exists()
+    [session] = read_log(log)
+    assert (session["node"], session["step"]) == ("gpu-01", step_of(script))
+    assert session["end"] >= session["start"]
+
+
+# ---------------------------------------------------------------------------- the program's process
+
+
+def test_hook_reports_peak_memory_and_a_profile_of_the_program_process_only(tmp_path: Path) -> None:
+    program = tmp_path / "pulumi-language-python-exec"  # the name the language host runs the program under
+    program.write_text("x = bytearray(64 * 1024 * 1024)\n")
+    other = tmp_path / "something-else.py"
+    other.write_text("pass\n")
+    out, stats = tmp_path / "hook.jsonl", tmp_path / "program.prof"
+    env = {**os.environ, **bench_fleet.hook_env(out, stats)}
+    for script in (program, other):
+        subprocess.run([sys.executable, str(script)], env=env, check=True, timeout=60)
+    [report] = [json.loads(line) for line in out.read_text().splitlines()]
+    assert bench_fleet.peak_mib(out) >= 64
+    assert report["peakKib"] / 1024 == bench_fleet.peak_mib(out)
+    assert stats.stat().st_size > 0
+
+
+def test_bench_environment_caches_bytecode_outside_the_venv(tmp_path: Path) -> None:
+    env = bench_fleet.bench_env({"PYTHONDONTWRITEBYTECODE": "1", "PATH": "/bin"}, tmp_path)
+    assert "PYTHONDONTWRITEBYTECODE" not in env
+    assert env["PYTHONPYCACHEPREFIX"] == str(tmp_path / "pycache")
+
+
+# ---------------------------------------------------------------------------- where the time goes
+
+
+def span(name: str, start: float, end: float, service: str = "pulumi-cli") -> dict[str, Any]:
+    return {"service": service, "name": name, "start": start, "end": end}
+
+
+def test_busy_time_is_the_union_of_intervals() -> None:
+    assert bench_fleet.busy([(0, 2), (1, 3), (5, 6)]) == 4
+    assert bench_fleet.busy([(0, 4), (1, 2)]) == 4
+    assert bench_fleet.busy([]) == 0
+
+
+def test_phases_of_a_traced_preview(tmp_path: Path) -> None:
+    found = [
+        span("pulumi", 0, 10), span("run-program", 2, 9), span("pulumirpc.LanguageRuntime/GetRequiredPackages", 1, 1.5),
+        span("pulumirpc.ResourceMonitor/RegisterResource", 3, 5), span("pulumirpc.ResourceMonitor/RegisterResource", 4, 6),
+        span("pulumirpc.ResourceProvider/Check", 3, 4), span("/pulumirpc.ResourceProvider/Check", 3.2, 3.7, "pulumi-resource-provider"),
+    ]
+    trace = tmp_path / "trace.json"
+    trace.write_text("\n".join(json.dumps({"resourceSpans": [{
+        "resource": {"attributes": [{"key": "service.name", "value": {"stringValue": s["service"]}}]},
+        "scopeSpans": [{"spans": [{"name": s["name"], "startTimeUnixNano": str(int(s["start"] * 1e9)),
+                                   "endTimeUnixNano": str(int(s["end"] * 1e9))}]}]}]}) for s in found) + "\n")
+    assert bench_fleet.spans(trace) == found
+    phases = list(bench_fleet.phases(found).values())
+    assert phases == pytest.approx([10, 2, 0.5, 7, 3, 1, 0.5, 1])
+
+
+def test_program_profile_groups_our_code_by_part(tmp_path: Path) -> None:
+    group, _ = bench_fleet.program_parts(tmp_path)
+    assert group((f"{tmp_path}/stacks/placement.py", 1, "check")).startswith("our program: placement")
+    assert group((f"{tmp_path}/stacks/config/load.py", 1, "load")).startswith("our program: config")
+    assert group((f"{tmp_path}/components/node.py", 1, "steps")).startswith("our program: spec building")
+    assert group((f"{tmp_path}/venv/lib/python3.11/site-packages/pulumi/output.py", 1, "apply")).startswith("Pulumi SDK")
+    assert group(("~", 0, "<method 'poll' of 'select.epoll' objects>")).startswith("waiting")
+    assert group(("/usr/lib/python3.11/json/decoder.py", 1, "decode")) is None  # counts for its caller
+
+
+# ---------------------------------------------------------------------------- the report
+
+
+def result(nodes: int, models: int, resources: int, preview: tuple[float, float]) -> SizeResult:
+    def pair(ours: float, bare: float) -> Pair:
+        return Pair([Sample(ours, 150)], [Sample(bare, 140)])
+
+    return SizeResult(nodes, models, Shape(resources, 5, 8 * nodes), pair(*preview), pair(6, 5), pair(4, 3),
+                      noop_commands=0, noop_changes={"same": resources + 2}, up_overlap=nodes)
+
+
+def test_report_has_a_row_per_size_and_the_goals() -> None:
+    rows = [result(1, 1, 28, (3.0, 2.5)), result(8, 16, 300, (8.0, 6.0)), result(32, 100, 1100, (24.0, 19.0))]
+    report = bench_fleet.markdown(rows, None, 5, "pulumi v0", "chart.png")
+    assert "| 1 × 1 | 28 (8) | 3.00 / 2.50 | **1.20×** |" in report
+    assert "| 32 × 100 | 1100 (256) | 24.00 / 19.00 | **1.26×** |" in report
+    # ms per resource above the 1×1 stack: (8-3)/272 and (24-3)/1072; the largest over the next.
+    assert "8 × 16: 18.4, 32 × 100: 19.6; the largest over the next: **1.07** (goal ≤ 1.2)" in report
+    assert "**Preview of 32 × 100: 1.26×**" in report
+    assert '0 Commands ran (the stand-in\'s log), changes {"same": 1102}' in report
+    assert "![real-engine time against stack size](chart.png)" in report
+
+
+def test_growth_needs_three_sizes() -> None:
+    assert bench_fleet.growth([result(1, 1, 28, (3, 2)), result(2, 3, 60, (4, 3))]) is None
+
+
+# ---------------------------------------------------------------------------- the quick run, on the real engine
+
+
+def offline_count(nodes: int, models: int, tmp_path: Path) -> int:
+    """What the offline render declares for the generated stack as the benchmark configures it (YAML, no Secrets)."""
+    document = generated_stack(models, nodes)["config"]
+    raw = rendering({key.split(":", 1)[1]: value for key, value in document.items()}, tmp_path / "yaml")
+    stack_file = tmp_path / f"Pulumi.count-{nodes}x{models}.yaml"
+    stack_file.write_text(yaml.safe_dump({"config": {f"gpu-serving:{key}": value for key, value in raw.items()}}))
+    return len(run_program("count", stack_file=stack_file).resources)
+
+
+@pytest.mark.skipif(os.environ.get("GS_ENGINE_TESTS") != "1",
+                    reason="needs the built engine: make e2e runs it (or GS_ENGINE_TESTS=1 after make engine)")
+def test_quick_engine_bench_writes_its_fleet_table_chart_and_profile(tmp_path: Path) -> None:
+    out = tmp_path / "benchmarks-engine.md"
+    proc = subprocess.run([sys.executable, "-m", "testbed.bench_engine", "--quick", "--out", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = out.read_text()
+    assert "`pulumi preview` of the prod stack" in report
+    for nodes, models in bench_fleet.QUICK_SIZES:
+        row = re.search(rf"^\| {nodes} × {models} \| (\d+) \((\d+)\) \|(.*)$", report, flags=re.MULTILINE)
+        assert row, f"no row for {nodes} × {models}"
+        assert int(row.group(1)) == offline_count(nodes, models, tmp_path)
+        ratios = [float(r) for r in re.findall(r"\*\*([\d.]+)×\*\*", row.group(3))]
+        assert len(ratios) == 3 and all(r > 0 for r in ratios), row.group(0)
+        assert row.group(3).split("|")[-3].strip() == "0", "a no-op up ran Commands"
+    assert (tmp_path / bench_fleet.CHART).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    shares = [int(s) for s in re.findall(r"^\| [^|]+ \| [\d.]+ \| (\d+)% \|$", report, flags=re.MULTILINE)]
+    assert len(shares) >= 5 and 97 <= sum(shares) <= 103
+    assert "| the program's process (language host `execPython`) |" in report
