@@ -31,7 +31,7 @@ from typing import Any
 from testbed import bench_fleet
 from testbed.bench import output_folder
 from testbed.e2e.run import Run, copy_project, engine_env, rendering, stack_raw
-from tools.render import ROOT, run_program
+from tools.render import run_program
 
 NAME = "benchmarks-engine.md"
 BARE_PROGRAM = '''\
@@ -53,12 +53,7 @@ for i in range(count - commands):
 def bare_project(folder: Path) -> Path:
     """A program with no logic and the same providers: `commands` local Commands (each runs `true`),
     the rest of `count` ConfigMaps on a YAML-writing kubernetes provider."""
-    folder.mkdir(parents=True)
-    (folder / "Pulumi.yaml").write_text(
-        "name: bare\nruntime:\n  name: python\n  options:\n    toolchain: pip\n    virtualenv: venv\n")
-    (folder / "__main__.py").write_text(BARE_PROGRAM)
-    (folder / "venv").symlink_to(ROOT / "venv")
-    return folder
+    return bench_fleet.bare_project(folder, BARE_PROGRAM)
 
 
 def shape(render: Any) -> tuple[int, int]:

@@ -163,11 +163,12 @@ def bare_config(shape: Shape, ports: list[int], key: str, folder: Path) -> dict[
             "ports": json.dumps(ports), "key": key, "folder": str(folder)}
 
 
-def bare_project(folder: Path) -> Path:
+def bare_project(folder: Path, program: str = BARE_PROGRAM) -> Path:
+    """A Pulumi project running `program` in the project's venv (a bare program of the benchmarks)."""
     folder.mkdir(parents=True)
     (folder / "Pulumi.yaml").write_text(
         "name: bare\nruntime:\n  name: python\n  options:\n    toolchain: pip\n    virtualenv: venv\n")
-    (folder / "__main__.py").write_text(BARE_PROGRAM)
+    (folder / "__main__.py").write_text(program)
     (folder / "venv").symlink_to(ROOT / "venv")
     return folder
 

@@ -26,7 +26,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from components.serving.drain import PRESTOP_S
+from components.serving.profile import NON_ROOT_UID
 from testbed.e2e.cluster_checks import ClusterEndToEnd, _free_port_block, _time
 from testbed.e2e.run import CheckError, require, stack_raw
 from testbed.node.join import BUNDLE_DISK, GUEST_IP, HUB_GUEST_PORT, POD_GATEWAY, RealNode, make_bundle
@@ -39,7 +42,7 @@ DEPLOYMENT = f"vllm-{MODEL}"
 IMAGE = "gs-testbed/vllm-sim:v0.18.0"
 STARTUP_SECONDS = 20
 """The stand-in's pretended load time: long enough that the startup probe must hold Ready back."""
-REAL_NODE_CHECKS = ("real-node-ready", "real-pvc-mounted", "real-request", "real-probes", "real-drain")
+REAL_NODE_CHECKS = ("real-node-ready", "real-pvc-mounted", "real-request", "real-probes", "real-drain", "real-nonroot", "real-live-rerun")
 VM_MEMORY_MIB, VM_CPUS = 11264, 2
 """The serving pod is Guaranteed at its memory plus /dev/shm (1Gi + 8Gi here): the kubelet must have 9Gi
 to give. qemu touches guest memory lazily, so the host pays for what the guest uses."""
@@ -49,7 +52,7 @@ WEIGHTS = {"config.json": b'{"model_type": "qwen2", "stand_in": true}\n',
 
 def weights_sha256(files: dict[str, bytes]) -> str:
     """What vllm_sim reports for a snapshot: sha256 over `sha256sum` lines sorted by path."""
-    lines = "".join(f"{hashlib.sha256(data).hexdigest()}  ./{path}\n" for path, data in sorted(files.items()))
+    lines = "".join(f"{hashlib.sha256(data).hexdigest()}  {path}\n" for path, data in sorted(files.items()))
     return hashlib.sha256(lines.encode()).hexdigest()
 
 
@@ -62,15 +65,20 @@ class RealNodeEndToEnd(ClusterEndToEnd):
     tunnels: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     def run_all(self) -> None:
-        """The checks in order, each needing the one before; everything stopped afterwards."""
+        """The checks in order, each needing the one before; everything stopped afterwards. The wall time
+        they add to `make e2e`, set-up and tear-down included, is the report's `realNodeSeconds`."""
+        started = time.monotonic()
         try:
             self.check("real-node-ready", self.real_node_ready)
             self.check("real-pvc-mounted", self.real_pvc_mounted, needs=("real-node-ready",))
             self.check("real-request", self.real_request, needs=("real-node-ready",))
             self.check("real-probes", self.real_probes, needs=("real-node-ready",))
             self.check("real-drain", self.real_drain, needs=("real-node-ready",))
+            self.check("real-nonroot", self.real_nonroot, needs=("real-node-ready",))
+            self.check("real-live-rerun", self.real_live_rerun, needs=("real-node-ready",))
         finally:
             self.stop()
+            self.report["figures"]["realNodeSeconds"] = round(time.monotonic() - started, 1)
 
     def node_raw(self, vm_port: int) -> dict[str, Any]:
         raw = stack_raw("lab")
@@ -277,7 +285,9 @@ class RealNodeEndToEnd(ClusterEndToEnd):
         result: dict[str, Any] = {}
 
         def stream() -> None:
-            ask = {"model": MODEL, "messages": [{"role": "user", "content": "a long answer"}], "stream": True, "max_tokens": 3000}
+            # ignore_eos (a vLLM extension): the whole max_tokens, a stream that outlives preStop and SIGTERM.
+            ask = {"model": MODEL, "messages": [{"role": "user", "content": "a long answer"}], "stream": True, "max_tokens": 3000,
+                   "ignore_eos": True}
             try:
                 result["status"], result["body"] = self.request(port, "POST", "/v1/chat/completions", key=self.secrets["vllmApiKey"],
                                                                 body=ask, timeout=180)
@@ -307,3 +317,76 @@ class RealNodeEndToEnd(ClusterEndToEnd):
         self.ready_pod()
         return (f"deleted mid-stream: preStop held SIGTERM {PRESTOP_S} s, then new connections were refused ({refused:.0f} s), "
                 f"the running stream completed ({ended:.0f} s, [DONE]); the Deployment's next pod is Ready")
+
+    def real_nonroot(self) -> str:
+        path = self.project / "Pulumi.node.yaml"
+        document = yaml.safe_load(path.read_text())
+        document["config"]["gpu-serving:models"][0]["securityProfile"] = "nonRoot"
+        path.write_text(yaml.safe_dump(document, sort_keys=False))
+        self.timed("upRealNonRootSeconds", "up", "--yes", "--skip-preview", stack="node", timeout=1800)
+        pod = self.ready_pod()
+        require(pod["spec"]["securityContext"].get("runAsUser") == NON_ROOT_UID, f"pod securityContext {pod['spec']['securityContext']}")
+        pid = self.vm_sh("pgrep -f -n 'vllm_sim.py'")
+        uid = self.vm_sh(f"awk '/^Uid:/{{print $2}}' /proc/{pid}/status")
+        require(uid == str(NON_ROOT_UID), f"the server runs as uid {uid}")
+        # The kubelet made the container's root read-only: even root, in its mount namespace, cannot write there.
+        write = self.vm.ssh(f"nsenter -t {pid} -m -- /bin/sh -c 'echo x > /gs-probe'", check=False)
+        require(write.returncode != 0 and "Read-only" in write.stderr, f"writing / in the container: {write.returncode} {write.stderr!r}")
+        # It started, so it wrote what vllm_sim writes where vLLM does (its lock in the download dir, the
+        # compile caches on the volume, HOME and /tmp); and it answers.
+        served = self.models(self.service_port())["data"][0]
+        owner = self.vm_sh("stat -c '%u:%g %a' /mnt/models/hub")
+        return (f"uid {uid} with a read-only root ({write.stderr.strip().splitlines()[-1][:60]}), serving {served['id']}; "
+                f"the volume's download dir is {owner} (fsGroup {NON_ROOT_UID}, OnRootMismatch)")
+
+    def streaming(self, port: int, stop: threading.Event, results: list[tuple[int, bytes]]) -> threading.Thread:
+        """Streams one after the other (10 s each) until `stop`: the pod is serving throughout."""
+        def loop() -> None:
+            ask = {"model": MODEL, "messages": [{"role": "user", "content": "keep talking"}], "stream": True, "max_tokens": 1000,
+                   "ignore_eos": True}
+            while not stop.is_set():
+                try:
+                    results.append(self.request(port, "POST", "/v1/chat/completions", key=self.secrets["vllmApiKey"], body=ask,
+                                                timeout=120))
+                except Exception as exc:  # reported by the check
+                    results.append((0, repr(exc).encode()))
+        thread = threading.Thread(target=loop, daemon=True)
+        thread.start()
+        return thread
+
+    def real_live_rerun(self) -> str:
+        before = self.ready_pod()
+        pid = self.vm_sh("pgrep -f -n 'vllm_sim.py'")
+        mount = self.vm_sh(f"findmnt -N {pid} -n -o SOURCE,FSTYPE /models")
+        state = json.loads(self.pulumi("stack", "export", "--show-secrets", stack="node").stdout)
+        steps = {r["urn"].rsplit("::", 1)[-1]: r["inputs"]["create"] for r in state["deployment"]["resources"]
+                 if r["type"] == "command:remote:Command" and r["urn"].rsplit("::", 1)[-1].startswith(f"{NODE}:")}
+        require(len(steps) >= 7, f"node steps in the state: {sorted(steps)}")
+        stop, results = threading.Event(), []
+        thread = self.streaming(self.service_port(), stop, results)
+        try:
+            time.sleep(2)
+            # Every step again as the engine sent it (parameters unchanged), in order, over SSH.
+            for name in sorted(steps):
+                self.vm.ssh(steps[name], timeout=900)
+            # A release that changes only a comment of lib.sh: the engine re-runs every step.
+            lib = self.project / "components" / "node_scripts" / "lib.sh"
+            shebang, strict, rest = lib.read_text().split("\n", 2)  # the program requires these two lines first
+            lib.write_text(f"{shebang}\n{strict}\n# real-live-rerun: a release changed this comment\n{rest}")
+            self.pulumi("up", "--yes", "--skip-preview", stack="node", timeout=1800)
+            updated = self.last_update_changes("node").get("update", 0)
+        finally:
+            stop.set()
+            thread.join(180)
+        failed = [body[-120:] for status, body in results if status != 200 or not body.rstrip().endswith(b"data: [DONE]")]
+        require(results and not failed, f"{len(failed)} of {len(results)} streams did not complete: {failed[:2]}")
+        require(updated >= len(steps), f"the lib.sh change updated {updated} resources, fewer than the {len(steps)} node steps")
+        after = self.pod()
+        restarts = after["status"]["containerStatuses"][0]["restartCount"]
+        require(after["metadata"]["uid"] == before["metadata"]["uid"] and restarts == 0,
+                f"the pod was replaced or restarted (uid {before['metadata']['uid']} -> {after['metadata']['uid']}, restarts {restarts})")
+        still = self.vm_sh(f"findmnt -N {pid} -n -o SOURCE,FSTYPE /models")
+        require(still == mount, f"/models in the container was {mount!r}, is {still!r}")
+        return (f"{len(steps)} node steps re-run over SSH as the engine sent them, then all of them updated by `pulumi up` "
+                f"after a lib.sh comment change, while {len(results)} streams ran back to back: all completed, same pod, "
+                f"no restart, /models still {mount}")

@@ -341,11 +341,8 @@ def fetch_debs(debs: list[Deb], downloads: Path) -> dict[str, Path]:
 
 
 def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
     with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def deb_entries(deb: Path) -> Iterator[Entry]:

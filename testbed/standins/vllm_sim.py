@@ -154,11 +154,8 @@ def weights_digest(snapshot: Path) -> tuple[str, list[str]]:
 
 
 def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
     with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def paths_written_at_start(download_dir: str, model: str) -> list[tuple[str, Path]]:
