@@ -144,11 +144,29 @@ def test_prod_has_a_smoke_job_after_the_rollout(prod: Render) -> None:
     pod = job.inputs["spec"]["template"]["spec"]
     container = pod["containers"][0]
     assert "nvidia.com/gpu" not in json.dumps(container["resources"])
-    assert "tolerations" not in pod and "nodeSelector" not in pod
+    assert "nodeSelector" not in pod
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env == {"BASE": "http://vllm-qwen3.ai.svc:8000", "MODEL": "qwen3", "VLLM_API_KEY": None,  # prod has a key
                    "HEALTH_WAIT_S": str(HEALTH_WAIT_S), "REQUEST_TIMEOUT_S": str(REQUEST_TIMEOUT_S)}
     assert job.inputs["spec"]["activeDeadlineSeconds"] == SMOKE_DEADLINE_S
+
+
+def test_smoke_job_prefers_nodes_without_gpus_and_may_use_a_gpu_node(prod: Render, render) -> None:  # type: ignore[no-untyped-def]
+    # Found on the real node (issue 22): with GPU nodes as the only schedulable nodes, a smoke Job that
+    # tolerated no GPU taint stayed Pending until its deadline, and `pulumi up` failed.
+    import yaml
+
+    pod = smoke_jobs(prod)[0].inputs["spec"]["template"]["spec"]
+    assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Equal", "value": "true", "effect": "NoSchedule"}]
+    (preferred,) = pod["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert preferred["preference"]["matchExpressions"] == [{"key": "gpu-serving/gpu.product", "operator": "DoesNotExist"}]
+    assert "requiredDuringSchedulingIgnoredDuringExecution" not in pod["affinity"]["nodeAffinity"]
+    cluster = yaml.safe_load((ROOT / "Pulumi.prod.yaml").read_text())["config"]["gpu-serving:cluster"]
+    custom = cluster | {"gpuTaint": {"key": "gpu", "effect": "NoExecute"}, "gpuProductLabel": "example.com/gpu"}
+    pod = smoke_jobs(render(cluster=custom))[0].inputs["spec"]["template"]["spec"]
+    assert pod["tolerations"] == [{"key": "gpu", "operator": "Equal", "value": "true", "effect": "NoExecute"}]
+    (preferred,) = pod["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert preferred["preference"]["matchExpressions"][0]["key"] == "example.com/gpu"
 
 
 def test_smoke_image_is_pinned_by_digest_and_configurable(prod: Render, render) -> None:  # type: ignore[no-untyped-def]

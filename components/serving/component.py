@@ -184,7 +184,7 @@ class VllmService(pulumi.ComponentResource):
             k8s.batch.v1.Job(
                 f"{name}-smoke-test",
                 metadata=meta(smoke_job_name(model), "smoke-test"),
-                spec=smoke_job_spec(model, namespace, uses_api_key, cluster.smoke_image, key_annotation, hold),
+                spec=smoke_job_spec(model, namespace, uses_api_key, cluster, key_annotation, hold),
                 opts=pulumi.ResourceOptions(
                     parent=self,
                     depends_on=[deployment, *edge_after],

@@ -294,11 +294,25 @@ def job_spec(model: Model, cluster: ClusterConfig, claim_name: pulumi.Input[str]
     )
 
 
+def prefer_nodes_without_gpus(cluster: ClusterConfig) -> k8s.core.v1.AffinityArgs:
+    return k8s.core.v1.AffinityArgs(node_affinity=k8s.core.v1.NodeAffinityArgs(
+        preferred_during_scheduling_ignored_during_execution=[k8s.core.v1.PreferredSchedulingTermArgs(
+            weight=100,
+            preference=k8s.core.v1.NodeSelectorTermArgs(match_expressions=[
+                k8s.core.v1.NodeSelectorRequirementArgs(key=cluster.gpu_product_label, operator="DoesNotExist"),
+            ]),
+        )],
+    ))
+
+
 def smoke_job_spec(
-    model: Model, namespace: str, api_key: bool, image: str, rollout_annotations: dict[str, pulumi.Input[str]] | None = None,
+    model: Model, namespace: str, api_key: bool, cluster: ClusterConfig, rollout_annotations: dict[str, pulumi.Input[str]] | None = None,
     hold: RequestHold | None = None,
 ) -> k8s.batch.v1.JobSpecArgs:
-    """Runs on any ordinary node (no GPU, no toleration) against the Service, as a client would.
+    """Runs against the Service, as a client would, with no GPU: on a node without GPUs when there is
+    one, else on a GPU node, whose taint it tolerates. A cluster whose only schedulable nodes are GPU
+    nodes (a small on-premises one) would otherwise leave it Pending until `pulumi up` fails; it
+    takes 10m of CPU for seconds, which the taint is not there to keep out.
     With the servers' `rollout_annotations` a new API key replaces the Job, so it tests the new key.
     A model at `replicas.min: 0` is asked through the hold, as its clients ask it: at zero the Job
     wakes it, so each rollout proves the hold, the wake and the load."""
@@ -318,7 +332,7 @@ def smoke_job_spec(
         env.append(secret_env("VLLM_API_KEY", secret_name(model), "api-key"))
     smoke = k8s.core.v1.ContainerArgs(
         name="smoke-test",
-        image=image,
+        image=cluster.smoke_image,
         image_pull_policy="IfNotPresent",
         command=["/bin/sh", "-c", smoke_script(model)],
         env=env,
@@ -326,5 +340,6 @@ def smoke_job_spec(
         security_context=read_only_security_context(run_as_non_root=True, run_as_user=100),
     )
     return run_once_job(
-        model, "smoke-test", backoff=2, deadline_s=smoke_deadline_seconds(model), container=smoke, annotations=rollout_annotations
+        model, "smoke-test", backoff=2, deadline_s=smoke_deadline_seconds(model), container=smoke, annotations=rollout_annotations,
+        tolerations=[gpu_toleration(cluster)], affinity=prefer_nodes_without_gpus(cluster),
     )

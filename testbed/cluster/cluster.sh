@@ -182,6 +182,8 @@ make_pki() {
 	sign controller-manager system:kube-controller-manager ""
 	sign scheduler system:kube-scheduler ""
 	sign kwok gs-kwok system:masters
+	# what the API server shows a real kubelet (logs, exec, port-forward; testbed/node/join.py)
+	sign apiserver-kubelet-client gs-apiserver-kubelet-client system:masters
 	# the aggregation layer's client cert; also lets the controller-manager and scheduler read the
 	# request-header CA instead of logging that it is missing
 	sign front-proxy-client front-proxy-client "" "" front-proxy-ca
@@ -344,6 +346,7 @@ cmd_start() {
 		--requestheader-username-headers=X-Remote-User --requestheader-group-headers=X-Remote-Group \
 		--requestheader-extra-headers-prefix=X-Remote-Extra- \
 		--proxy-client-cert-file="$pki/front-proxy-client.crt" --proxy-client-key-file="$pki/front-proxy-client.key" \
+		--kubelet-client-certificate="$pki/apiserver-kubelet-client.crt" --kubelet-client-key="$pki/apiserver-kubelet-client.key" \
 		--allow-privileged=true --endpoint-reconciler-type=none --profiling=false
 	wait_for "kube-apiserver /readyz" 90 kube-apiserver readyz
 

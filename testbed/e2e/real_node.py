@@ -7,8 +7,8 @@ PersistentVolume bind-mounted by the kubelet, probes, the preStop hook and SIGTE
 Service rules, the real `huggingface_hub` client in the download Job.
 Standing in, each said to be one where it answers: vLLM (testbed/standins/vllm_sim.py, no GPU, no
 model), the Hugging Face hub (testbed/standins/hub.py on the host's loopback), the GPU (capacity
-patched into the node's status). Not here: NetworkPolicy enforcement (the bridge CNI enforces none),
-cluster DNS (the smoke Job, which resolves the Service's name, is off), an ingress controller.
+patched into the node's status), cluster DNS (testbed/node/dns: Service names only). Not here:
+NetworkPolicy enforcement (the bridge CNI enforces none), an ingress controller.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import hashlib
 import http.client
 import json
 import os
+import re
 import socket
 import subprocess
 import threading
@@ -31,7 +32,7 @@ import yaml
 from components.serving.drain import PRESTOP_S
 from components.serving.profile import NON_ROOT_UID
 from testbed.e2e.cluster_checks import ClusterEndToEnd, _free_port_block, _time
-from testbed.e2e.run import CheckError, require, stack_raw
+from testbed.e2e.run import CheckError, require, stack_raw, tail
 from testbed.node.join import BUNDLE_DISK, GUEST_IP, HUB_GUEST_PORT, POD_GATEWAY, RealNode, make_bundle
 
 NAMESPACE = "ai-real"
@@ -40,6 +41,7 @@ PRODUCT = "nvidia-a10"
 MODEL = "qwen25-05b"
 DEPLOYMENT = f"vllm-{MODEL}"
 IMAGE = "gs-testbed/vllm-sim:v0.18.0"
+SMOKE_IMAGE = "gs-testbed/smoke:v1"
 STARTUP_SECONDS = 20
 """The stand-in's pretended load time: long enough that the startup probe must hold Ready back."""
 REAL_NODE_CHECKS = ("real-node-ready", "real-pvc-mounted", "real-request", "real-probes", "real-drain", "real-nonroot", "real-live-rerun")
@@ -62,7 +64,7 @@ class RealNodeEndToEnd(ClusterEndToEnd):
 
     node: RealNode | None = None
     hub: Any = None
-    tunnels: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    tunnels: list[subprocess.Popen[Any]] = field(default_factory=list)
 
     def run_all(self) -> None:
         """The checks in order, each needing the one before; everything stopped afterwards. The wall time
@@ -80,15 +82,16 @@ class RealNodeEndToEnd(ClusterEndToEnd):
             self.stop()
             self.report["figures"]["realNodeSeconds"] = round(time.monotonic() - started, 1)
 
-    def node_raw(self, vm_port: int) -> dict[str, Any]:
+    def node_raw(self, vm_port: int, smoke_image: str) -> dict[str, Any]:
         raw = stack_raw("lab")
-        raw["cluster"] = {**raw["cluster"], "namespace": NAMESPACE, "kubeconfig": {"path": self.cluster_env["KUBECONFIG"]}}
+        raw["cluster"] = {**raw["cluster"], "namespace": NAMESPACE, "kubeconfig": {"path": self.cluster_env["KUBECONFIG"]},
+                          "smokeImage": smoke_image}
         node = raw["nodes"][0]
         node["name"], node["ssh"]["port"] = NODE, vm_port
         node["gpu"]["product"] = PRODUCT
         raw["modelStorage"]["node"] = NODE
         model = raw["models"][0]
-        model.update(image=IMAGE, gpuProduct=PRODUCT, cpu="1", memory="1Gi", apiKeySecret="vllmApiKey", smokeTest=False,
+        model.update(image=IMAGE, gpuProduct=PRODUCT, cpu="1", memory="1Gi", apiKeySecret="vllmApiKey",
                      extraArgs=[f"--sim-startup-seconds={STARTUP_SECONDS}"])
         return raw
 
@@ -117,14 +120,14 @@ class RealNodeEndToEnd(ClusterEndToEnd):
         self.vm = vm
         vm.start()
         self.report["figures"]["realNodeVmSeconds"] = round(time.monotonic() - start, 1)
-        self.raw = self.node_raw(vm.port)
+        self.raw = self.node_raw(vm.port, built.pinned(SMOKE_IMAGE))
         self.secrets = self.secret_values(self.raw, vm.key_path.read_text())
         repo = Repo(self.raw["models"][0]["huggingFaceId"], WEIGHTS, hashlib.sha1(b"real-node").hexdigest(),
                     token=self.secrets["hfToken"])
         # The CDN under the bridge's address: another host name for the client, as the hub's CDN is.
         self.hub = Hub([repo], 0, f"http://{POD_GATEWAY}:{HUB_GUEST_PORT}").__enter__()
         self.node = RealNode(vm, NODE, self.cluster_dir, int(self.cluster_env["GS_CLUSTER_PORT"]), list(built.digests),
-                             self.tmp / "node", self.hub.server.server_address[1])
+                             self.tmp / "node", self.hub.server.server_address[1], kubelet_port=_free_port_block(1))
         self.node.join(self.kubectl)
         self.report["figures"]["realNodeJoin"] = self.node.timings
         self.new_stack("node", self.raw, self.secrets)
@@ -167,6 +170,19 @@ class RealNodeEndToEnd(ClusterEndToEnd):
             time.sleep(0.2)
         raise CheckError(f"ssh -L {target} did not listen in 20 s")
 
+    def port_forward(self, pod: str) -> int:
+        """`kubectl port-forward` to the pod's 8000: through the API server, the forwarded kubelet port and the CRI."""
+        argv = [f"{self.cluster_env['GS_CLUSTER_BIN']}/kubectl", "port-forward", "-n", NAMESPACE, f"pod/{pod}", ":8000"]
+        proc = subprocess.Popen(argv, env={**self.env, "KUBECONFIG": self.cluster_env["KUBECONFIG"]}, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.tunnels.append(proc)
+        line = proc.stdout.readline() if proc.stdout else ""
+        match = re.search(r"127\.0\.0\.1:(\d+) ->", line)
+        if match is None:
+            error = proc.stderr.read() if proc.poll() is not None and proc.stderr else ""
+            raise CheckError(f"kubectl port-forward printed {line!r}: {error}")
+        return int(match.group(1))
+
     def service_port(self) -> int:
         service = self.get("service", DEPLOYMENT, "-n", NAMESPACE)
         return self.tunnel(f"{service['spec']['clusterIP']}:{service['spec']['ports'][0]['port']}")
@@ -183,8 +199,19 @@ class RealNodeEndToEnd(ClusterEndToEnd):
         require(node["status"]["allocatable"].get("nvidia.com/gpu") == "1", f"allocatable {node['status']['allocatable']}")
         require(info["kubeletVersion"] == self.report["engine"].get("kube-apiserver", info["kubeletVersion"]), f"kubelet {info}")
         require(info["containerRuntimeVersion"].startswith("containerd://2."), f"runtime {info['containerRuntimeVersion']}")
+        smoke = self.smoke_jobs_complete()
         return (f"{NODE}: kubelet {info['kubeletVersion']}, {info['containerRuntimeVersion']}, Ready, labelled and tainted by the "
-                f"stack, nvidia.com/gpu 1 (patched: no device plugin); join {self.node.timings if self.node else {}}")
+                f"stack, nvidia.com/gpu 1 (patched: no device plugin); {smoke}; join {self.node.timings if self.node else {}}")
+
+    def smoke_jobs_complete(self) -> str:
+        """Every smoke-test Job complete, its pod run here: the Service's name resolved (the DNS stand-in) and
+        reached through kube-proxy, the smoke image's curl answered by the server with the key."""
+        jobs = [j for j in self.get("jobs", "-n", NAMESPACE)["items"] if "-smoke-" in j["metadata"]["name"]]
+        require(jobs, "no smoke-test Job")
+        for job in jobs:
+            done = any(c["type"] == "Complete" and c["status"] == "True" for c in job["status"].get("conditions", []))
+            require(done, f"{job['metadata']['name']} is not complete: {job['status']}")
+        return f"smoke Job {', '.join(j['metadata']['name'] for j in jobs)} complete"
 
     def real_pvc_mounted(self) -> str:
         pod = self.pod()
@@ -201,8 +228,10 @@ class RealNodeEndToEnd(ClusterEndToEnd):
         served = self.models(self.service_port())["data"][0]
         want = weights_sha256(WEIGHTS)
         require(served.get("weights_sha256") == want, f"/v1/models reports weights {served.get('weights_sha256')}, the hub served {want}")
+        logs = self.kubectl("logs", pod["metadata"]["name"], "-n", NAMESPACE).stdout
+        require(f"weights sha256 {want}" in logs, f"`kubectl logs` (API server to kubelet) lacks the load line: {tail(logs)}")
         return (f"PV path {local} = the array's mount ({array}); in the container /models is {inside}; the server read the "
-                f"files the download Job wrote (weights sha256 {want[:12]}…)")
+                f"files the download Job wrote (weights sha256 {want[:12]}… in /v1/models and in `kubectl logs`)")
 
     def models(self, port: int) -> dict[str, Any]:
         status, body = self.request(port, "GET", "/v1/models", key=self.secrets["vllmApiKey"])
@@ -227,10 +256,13 @@ class RealNodeEndToEnd(ClusterEndToEnd):
         words = [json.loads(c)["choices"][0]["delta"].get("content", "") for c in chunks[:-1]]
         refused, _ = self.request(port, "POST", "/v1/chat/completions", body=ask)
         require(refused == 401, f"without the API key /v1 answered {refused}")
+        forwarded = self.port_forward(self.pod()["metadata"]["name"])
+        health, _ = self.request(forwarded, "GET", "/health")
+        require(health == 200, f"/health through `kubectl port-forward` answered {health}")
         metrics_status, metrics = self.request(port, "GET", "/metrics")
         require(metrics_status == 200 and b"vllm:num_requests_waiting" in metrics, f"/metrics answered {metrics_status}")
         return (f"through the Service's ClusterIP (kube-proxy, nftables): a streamed chat completion of {len(chunks) - 1} chunks "
-                f"({''.join(words)[:40]!r}…) ending [DONE]; 401 without the key; /metrics open on the pod's port (the "
+                f"({''.join(words)[:40]!r}…) ending [DONE]; 401 without the key; /health by `kubectl port-forward`; /metrics open (the "
                 "NetworkPolicy that limits it to Prometheus is not enforced by the bridge CNI: the policy pack checks it)")
 
     def ready_pod(self, timeout: float = 180) -> dict[str, Any]:
@@ -329,14 +361,17 @@ class RealNodeEndToEnd(ClusterEndToEnd):
         pid = self.vm_sh("pgrep -f -n 'vllm_sim.py'")
         uid = self.vm_sh(f"awk '/^Uid:/{{print $2}}' /proc/{pid}/status")
         require(uid == str(NON_ROOT_UID), f"the server runs as uid {uid}")
-        # The kubelet made the container's root read-only: even root, in its mount namespace, cannot write there.
-        write = self.vm.ssh(f"nsenter -t {pid} -m -- /bin/sh -c 'echo x > /gs-probe'", check=False)
+        name = pod["metadata"]["name"]
+        exec_uid = self.kubectl("exec", name, "-n", NAMESPACE, "--", "id", "-u").stdout.strip()
+        require(exec_uid == str(NON_ROOT_UID), f"`kubectl exec id -u` says {exec_uid}")
+        write = self.kubectl("exec", name, "-n", NAMESPACE, "--", "/bin/sh", "-c", "echo x > /gs-probe", check=False)
         require(write.returncode != 0 and "Read-only" in write.stderr, f"writing / in the container: {write.returncode} {write.stderr!r}")
         # It started, so it wrote what vllm_sim writes where vLLM does (its lock in the download dir, the
         # compile caches on the volume, HOME and /tmp); and it answers.
         served = self.models(self.service_port())["data"][0]
         owner = self.vm_sh("stat -c '%u:%g %a' /mnt/models/hub")
-        return (f"uid {uid} with a read-only root ({write.stderr.strip().splitlines()[-1][:60]}), serving {served['id']}; "
+        refused = write.stderr.strip().splitlines()[0][:60]
+        return (f"uid {uid} (`kubectl exec id -u` too) with a read-only root ({refused}), serving {served['id']}; "
                 f"the volume's download dir is {owner} (fsGroup {NON_ROOT_UID}, OnRootMismatch)")
 
     def streaming(self, port: int, stop: threading.Event, results: list[tuple[int, bytes]]) -> threading.Thread:

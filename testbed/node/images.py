@@ -433,11 +433,16 @@ def wheel_entries(wheel: Path) -> Iterator[Entry]:
 
 
 def build_pause(out: Path) -> bytes:
-    """Static, without build IDs or paths, so its bytes depend on the source and Go version only."""
+    return build_go(PAUSE_SOURCE, out)
+
+
+def build_go(source: Path, out: Path) -> bytes:
+    """A standard-library-only Go main package built static, without build IDs or paths, so its bytes
+    depend on the source and Go version only."""
     cache = gs_cache() / "go"
     env = {**os.environ, "CGO_ENABLED": "0", "GOTOOLCHAIN": "local", "GOFLAGS": "-buildvcs=false", "GOOS": "linux",
            "GOARCH": "amd64", "GOCACHE": str(cache / "build"), "GOMODCACHE": str(cache / "mod")}
-    run(["go", "build", "-trimpath", "-ldflags=-s -w -buildid=", "-o", str(out), "."], cwd=PAUSE_SOURCE, env=env)
+    run(["go", "build", "-trimpath", "-ldflags=-s -w -buildid=", "-o", str(out), "."], cwd=source, env=env)
     return out.read_bytes()
 
 

@@ -10,7 +10,8 @@ runc shim, Debian's runc and CNI plugins (bridge, host-local, portmap), the gues
 v2, overlayfs, nftables): pods, mounts, probes, signals and Services work as on a node.
 What stands in: the GPU (the node's `nvidia.com/gpu` capacity is patched into its status, no device
 plugin), the registry (images are imported from an OCI archive, testbed/node/images.py), cluster
-DNS (none: pods that resolve Service names cannot run here yet).
+DNS (testbed/node/dns, a stand-in answering `<service>.<namespace>.svc.cluster.local` from the API
+server, on the node's address).
 
 How the pieces reach each other, all on loopback or the VM's own user network (10.0.2.0/24):
 - kubelet and kube-proxy -> API server: an `ssh -R` forward of the guest's 127.0.0.1:6443 to the
@@ -18,8 +19,11 @@ How the pieces reach each other, all on loopback or the VM's own user network (1
 - pods -> the host's stand-in hub: an `ssh -R` forward of the guest's port HUB_GUEST_PORT on every
   guest address (the guest sshd allows it with GatewayPorts clientspecified): pods reach it at the
   node's address and at their bridge's gateway, two host names for the hub and its CDN;
-- the API server -> kubelet (logs, exec, port-forward): not wired. The kubelet refuses a loopback
-  node IP and the host cannot reach the guest's address; checks read container logs over SSH.
+- the API server -> kubelet (logs, exec, port-forward): a qemu `hostfwd` of a free port on the host's
+  127.0.0.1 to the kubelet, which listens on that same port number. The kubelet refuses a loopback
+  node IP, so it runs with `--cloud-provider=external` and the join, standing in for a cloud
+  controller, sets the node's address to 127.0.0.1 (a kubelet keeps the addresses a provider set)
+  and lifts the provider's `uninitialized` taint.
 The binaries come from the cluster build (testbed/cluster/build.sh), Debian's packages from the
 host's apt, both on a read-only disk plugged into the guest: nothing is copied through SSH.
 """
@@ -34,6 +38,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from testbed.node.images import build_go
 
 GUEST_IP = "10.0.2.15"
 """qemu's user network always gives the guest this address."""
@@ -56,6 +62,8 @@ VM image. runc from Debian rather than built: it needs cgo and libseccomp's head
 upgrade path when a check needs it)."""
 
 BINARIES = ("containerd", "containerd-shim-runc-v2", "ctr", "kubelet", "kube-proxy")
+"""From the cluster build; the bundle adds gs-dns, built from testbed/node/dns."""
+DNS_SOURCE = Path(__file__).parent / "dns"
 
 CONTAINERD_CONFIG = """\
 version = 3
@@ -78,22 +86,26 @@ CNI_CONFIG = json.dumps({
     ],
 }, indent=1)
 
-KUBELET_CONFIG = """\
+UNINITIALIZED_TAINT = "node.cloudprovider.kubernetes.io/uninitialized"
+
+KUBELET_CONFIG = f"""\
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 authentication:
-  anonymous: {enabled: false}
-  webhook: {enabled: true}
-  x509: {clientCAFile: /etc/kubernetes/pki/ca.crt}
-authorization: {mode: Webhook}
+  anonymous: {{enabled: false}}
+  webhook: {{enabled: true}}
+  x509: {{clientCAFile: /etc/kubernetes/pki/ca.crt}}
+authorization: {{mode: Webhook}}
 cgroupDriver: systemd
 containerRuntimeEndpoint: unix:///run/containerd/containerd.sock
 clusterDomain: cluster.local
+clusterDNS: [{GUEST_IP}]
 # The guest's 3 GiB root holds images and logs: the default thresholds (10 %, 15 %) would evict at once.
-evictionHard: {memory.available: 100Mi, nodefs.available: 2%, imagefs.available: 2%}
+evictionHard: {{memory.available: 100Mi, nodefs.available: 2%, imagefs.available: 2%}}
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 serializeImagePulls: false
+readOnlyPort: 0
 """
 
 KUBE_PROXY_CONFIG = f"""\
@@ -163,6 +175,7 @@ def make_bundle(disk: Path, cluster_bin: Path, images_archive: Path, deb_cache: 
         (root / "debs").mkdir()
         for name in BINARIES:
             shutil.copy2(cluster_bin / name, root / "bin" / name)
+        build_go(DNS_SOURCE, root / "bin" / "gs-dns")
         for deb in packages:
             shutil.copy2(deb, root / "debs" / deb.name)
         shutil.copy2(images_archive, root / "images.tar")
@@ -176,8 +189,10 @@ class RealNode:
     """One lab VM joined to the loopback cluster as Node `name` (see the module's docstring)."""
 
     def __init__(self, vm: Any, name: str, cluster_dir: Path, apiserver_port: int, images: list[str], work: Path,
-                 hub_port: int | None = None) -> None:
+                 hub_port: int | None = None, kubelet_port: int = 10250) -> None:
         self.vm, self.name, self.cluster_dir = vm, name, cluster_dir
+        self.kubelet_port = kubelet_port
+        """The kubelet's port in the guest and, forwarded, on the host's 127.0.0.1: the API server dials it."""
         self.apiserver_port, self.hub_port = apiserver_port, hub_port
         self.images = images
         """Image names (as the stack gives them) in the bundle's archive."""
@@ -204,7 +219,7 @@ class RealNode:
             "/etc/kubernetes/kube-proxy.kubeconfig": ("0600", kubeconfig("kube-proxy")),
             "/etc/containerd/config.toml": ("0644", CONTAINERD_CONFIG),
             "/etc/cni/net.d/10-gs-pods.conflist": ("0644", CNI_CONFIG),
-            "/var/lib/kubelet/config.yaml": ("0644", KUBELET_CONFIG),
+            "/var/lib/kubelet/config.yaml": ("0644", f"{KUBELET_CONFIG}port: {self.kubelet_port}\n"),
             "/etc/kubernetes/kube-proxy.yaml": ("0644", f"{KUBE_PROXY_CONFIG}hostnameOverride: {self.name}\n"),
             # br_netfilter is never loaded on demand: without it a reply from a Service's pod on the
             # same bridge skips the un-DNAT.
@@ -214,7 +229,10 @@ class RealNode:
             "/etc/systemd/system/containerd.service": ("0644", unit("containerd", f"{bin_}/containerd", notify=True)),
             "/etc/systemd/system/kubelet.service": ("0644", unit(
                 "kubelet", f"{bin_}/kubelet --config=/var/lib/kubelet/config.yaml --kubeconfig=/etc/kubernetes/kubelet.kubeconfig"
-                f" --hostname-override={self.name} --node-ip={GUEST_IP} --v=1", after="containerd.service")),
+                f" --hostname-override={self.name} --node-ip={GUEST_IP} --cloud-provider=external --v=1", after="containerd.service")),
+            "/etc/systemd/system/gs-dns.service": ("0644", unit(
+                "cluster DNS stand-in", f"{bin_}/gs-dns -listen {GUEST_IP}:53 -server https://127.0.0.1:{APISERVER_GUEST_PORT}"
+                " -ca /etc/kubernetes/pki/ca.crt -cert /etc/kubernetes/pki/kubelet.crt -key /etc/kubernetes/pki/kubelet.key")),
             "/etc/systemd/system/kube-proxy.service": ("0644", unit(
                 "kube-proxy", f"{bin_}/kube-proxy --config=/etc/kubernetes/kube-proxy.yaml")),
         }
@@ -271,7 +289,7 @@ class RealNode:
         self._step("images", f"ctr -n k8s.io images import --platform linux/amd64 {BUNDLE_MOUNT}/images.tar >/dev/null"
                    " && ctr -n k8s.io images label docker.io/gs-testbed/pause:3.10.2 io.cri-containerd.pinned=pinned >/dev/null",
                    timeout=600)
-        self._step("kubelet", "systemctl start kubelet kube-proxy")
+        self._step("kubelet", "systemctl start gs-dns kubelet kube-proxy")
         start = time.monotonic()
         while not self.ready(kubectl, self.name):
             if time.monotonic() - start > 180:
@@ -279,6 +297,14 @@ class RealNode:
                     "journalctl -u kubelet --no-pager -n 15", check=False).stdout[-1500:])
             time.sleep(1)
         self.timings["ready"] = round(time.monotonic() - start, 1)
+        # The cloud controller's part: the address the API server can reach the kubelet at, the taint lifted.
+        out = self.vm.monitor(f"hostfwd_add n0 tcp:127.0.0.1:{self.kubelet_port}-:{self.kubelet_port}")
+        if "rror" in out.split("hostfwd_add", 1)[-1]:
+            raise RuntimeError(f"forwarding the kubelet's port failed: {out}")
+        # InternalIP alone: the API server tries a Hostname address first, and the host cannot resolve the node's name.
+        kubectl("patch", "node", self.name, "--subresource=status", "--type=merge", "-p", json.dumps(
+            {"status": {"addresses": [{"type": "InternalIP", "address": "127.0.0.1"}]}}))
+        kubectl("taint", "node", self.name, f"{UNINITIALIZED_TAINT}-")
         # No device plugin: the capacity is patched in. The kubelet keeps an extended resource it
         # does not manage (it zeroes it only when its device-manager checkpoint is missing).
         kubectl("patch", "node", self.name, "--subresource=status", "--type=merge",

@@ -80,9 +80,10 @@ async def serve(nodes: list[str], log: IO[str], seconds: float) -> None:
             start = time.time()
             if seconds:
                 await asyncio.sleep(seconds)
-            process.exit(0)
+            # Logged before the exit status goes out: a client that saw its command end finds it in the log.
             log.write(json.dumps({"node": node, "step": step_of(process.command or ""), "start": start, "end": time.time()}) + "\n")
             log.flush()
+            process.exit(0)
 
         return run
 

@@ -1,0 +1,3 @@
+module gs-testbed/dns
+
+go 1.26
