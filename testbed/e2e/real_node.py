@@ -17,7 +17,6 @@ import contextlib
 import hashlib
 import http.client
 import json
-import os
 import re
 import socket
 import subprocess
@@ -33,7 +32,7 @@ from components.serving.drain import PRESTOP_S
 from components.serving.profile import NON_ROOT_UID
 from testbed.e2e.cluster_checks import ClusterEndToEnd, _free_port_block, _time
 from testbed.e2e.run import CheckError, require, stack_raw, tail
-from testbed.node.join import BUNDLE_DISK, GUEST_IP, HUB_GUEST_PORT, POD_GATEWAY, RealNode, make_bundle
+from testbed.node.join import BUNDLE_DISK, GUEST_IP, HUB_GUEST_PORT, POD_GATEWAY, RealNode, make_bundle, ssh_forward
 
 NAMESPACE = "ai-real"
 NODE = "real-node"
@@ -115,9 +114,10 @@ class RealNodeEndToEnd(ClusterEndToEnd):
         disks = (*DEFAULT_DISKS, (BUNDLE_DISK, 1))
         vm = Vm(self.tmp / "node-vm", disks, image=image, memory_mib=VM_MEMORY_MIB, cpus=VM_CPUS, boot_timeout=600,
                 booted=ensure_booted_state(image, memory_mib=VM_MEMORY_MIB, cpus=VM_CPUS))
-        cache = Path(os.environ.get("GS_CACHE", Path.home() / ".cache" / "gpu-serving"))
-        make_bundle(vm.disk_path(BUNDLE_DISK), Path(self.cluster_env["GS_CLUSTER_BIN"]), built.archive, cache / "node" / "debs")
+        make_bundle(vm.disk_path(BUNDLE_DISK), Path(self.cluster_env["GS_CLUSTER_BIN"]), built.archive,
+                    node_images.gs_cache() / "node" / "debs")
         self.vm = vm
+        start = time.monotonic()
         vm.start()
         self.report["figures"]["realNodeVmSeconds"] = round(time.monotonic() - start, 1)
         self.raw = self.node_raw(vm.port, built.pinned(SMOKE_IMAGE))
@@ -158,9 +158,7 @@ class RealNodeEndToEnd(ClusterEndToEnd):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        argv = self.vm.ssh_argv(direct=True)
-        proc = subprocess.Popen([*argv[:-1], "-o", "ExitOnForwardFailure=yes", "-N", "-L", f"127.0.0.1:{port}:{target}", argv[-1]],
-                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = ssh_forward(self.vm, ["-L", f"127.0.0.1:{port}:{target}"])
         self.tunnels.append(proc)
         for _ in range(100):
             with socket.socket() as s:
@@ -197,7 +195,8 @@ class RealNodeEndToEnd(ClusterEndToEnd):
         require(labels.get("gpu-serving/gpu.product") == PRODUCT, f"labels {labels}")
         require({"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"} in taints, f"taints {taints}")
         require(node["status"]["allocatable"].get("nvidia.com/gpu") == "1", f"allocatable {node['status']['allocatable']}")
-        require(info["kubeletVersion"] == self.report["engine"].get("kube-apiserver", info["kubeletVersion"]), f"kubelet {info}")
+        server = json.loads(self.kubectl("version", "-o", "json").stdout)["serverVersion"]["gitVersion"]
+        require(info["kubeletVersion"] == server, f"kubelet {info['kubeletVersion']}, API server {server}")
         require(info["containerRuntimeVersion"].startswith("containerd://2."), f"runtime {info['containerRuntimeVersion']}")
         smoke = self.smoke_jobs_complete()
         return (f"{NODE}: kubelet {info['kubeletVersion']}, {info['containerRuntimeVersion']}, Ready, labelled and tainted by the "
@@ -269,7 +268,7 @@ class RealNodeEndToEnd(ClusterEndToEnd):
         def probe() -> dict[str, Any] | None:
             with contextlib.suppress(CheckError):
                 pod = self.pod()
-                if any(c["type"] == "Ready" and c["status"] == "True" for c in pod["status"].get("conditions", [])):
+                if self.is_ready(pod):
                     return pod
             return None
         return self.wait_for("a Ready serving pod", probe, timeout)

@@ -185,6 +185,14 @@ def make_bundle(disk: Path, cluster_bin: Path, images_archive: Path, deb_cache: 
                        check=True, capture_output=True)
 
 
+def ssh_forward(vm: Any, forwards: list[str], *, stderr: int = subprocess.DEVNULL) -> subprocess.Popen[bytes]:
+    """`ssh -N` with these `-R`/`-L` forwards to the VM, on a connection of its own (not the shared
+    master, which a reopen would take the forwards down with) that exits if a forward cannot be set up."""
+    argv = vm.ssh_argv(direct=True)
+    return subprocess.Popen([*argv[:-1], "-o", "ExitOnForwardFailure=yes", "-N", *forwards, argv[-1]],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr)
+
+
 class RealNode:
     """One lab VM joined to the loopback cluster as Node `name` (see the module's docstring)."""
 
@@ -248,9 +256,7 @@ class RealNode:
         forwards = ["-R", f"127.0.0.1:{APISERVER_GUEST_PORT}:127.0.0.1:{self.apiserver_port}"]
         if self.hub_port:
             forwards += ["-R", f"0.0.0.0:{HUB_GUEST_PORT}:127.0.0.1:{self.hub_port}"]
-        argv = self.vm.ssh_argv(direct=True)
-        self.forward = subprocess.Popen([*argv[:-1], "-o", "ExitOnForwardFailure=yes", "-N", *forwards, argv[-1]],
-                                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self.forward = ssh_forward(self.vm, forwards, stderr=subprocess.PIPE)
         for _ in range(100):
             if self.forward.poll() is not None:
                 raise RuntimeError(f"ssh forwards failed: {self.forward.stderr.read().decode() if self.forward.stderr else ''}")
