@@ -114,8 +114,7 @@ class RealNodeEndToEnd(ClusterEndToEnd):
         disks = (*DEFAULT_DISKS, (BUNDLE_DISK, 1))
         vm = Vm(self.tmp / "node-vm", disks, image=image, memory_mib=VM_MEMORY_MIB, cpus=VM_CPUS, boot_timeout=600,
                 booted=ensure_booted_state(image, memory_mib=VM_MEMORY_MIB, cpus=VM_CPUS))
-        make_bundle(vm.disk_path(BUNDLE_DISK), Path(self.cluster_env["GS_CLUSTER_BIN"]), built.archive,
-                    node_images.gs_cache() / "node" / "debs")
+        make_bundle(vm.disk_path(BUNDLE_DISK), Path(self.cluster_env["GS_CLUSTER_BIN"]), built.archive)
         self.vm = vm
         start = time.monotonic()
         vm.start()

@@ -1,7 +1,7 @@
 """The lab VM as a real Kubernetes node: containerd, runc, CNI, kubelet and kube-proxy in the guest,
 joined to the loopback cluster (testbed/cluster) with nothing outside the machine.
 
-    make_bundle(vm.disk_path(BUNDLE_DISK), cluster_bin, images_archive, deb_cache)   # before vm.start()
+    make_bundle(vm.disk_path(BUNDLE_DISK), cluster_bin, images_archive)   # before vm.start()
     node = RealNode(vm, "real-node", cluster_dir, apiserver_port, image_names, work, hub_port)
     node.join(kubectl)                                      # Ready, with nvidia.com/gpu: 1
 
@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from testbed.node.images import build_go
+from testbed.node.images import apt_candidates, build_go, fetch_debs, gs_cache
 
 GUEST_IP = "10.0.2.15"
 """qemu's user network always gives the guest this address."""
@@ -152,23 +152,17 @@ def sign(pki: Path, out: Path, name: str, cn: str, org: str) -> None:
                     "-out", out / f"{name}.crt"], check=True, capture_output=True)
 
 
-def debs(cache: Path) -> list[Path]:
-    """PACKAGES as .deb files from the host's apt (bookworm, as the guest), kept in `cache`."""
-    cache.mkdir(parents=True, exist_ok=True)
-    have = {p.name.split("_", 1)[0]: p for p in cache.glob("*.deb")}
-    missing = [name for name in PACKAGES if name not in have]
-    if missing:
-        proc = subprocess.run(["apt-get", "download", *missing], cwd=cache, capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise RuntimeError(f"apt-get download {' '.join(missing)} failed (run apt-get update?): {proc.stderr.strip()[-300:]}")
-        have = {p.name.split("_", 1)[0]: p for p in cache.glob("*.deb")}
-    return [have[name] for name in PACKAGES]
+def debs() -> list[Path]:
+    """PACKAGES as .deb files at the versions the host's apt lists name (bookworm, as the guest),
+    checked against their listed sha256 and kept beside the images' in $GS_CACHE/node/debs."""
+    fetched = fetch_debs(apt_candidates(PACKAGES), gs_cache() / "node")
+    return [fetched[name] for name in PACKAGES]
 
 
-def make_bundle(disk: Path, cluster_bin: Path, images_archive: Path, deb_cache: Path) -> None:
+def make_bundle(disk: Path, cluster_bin: Path, images_archive: Path) -> None:
     """The read-only disk the guest mounts at BUNDLE_MOUNT: bin/, debs/, images.tar (an ext4 image
     made from a folder, sparse, ~size of its files)."""
-    packages = debs(deb_cache)
+    packages = debs()
     with tempfile.TemporaryDirectory(prefix="gs-bundle-") as tmp:
         root = Path(tmp)
         (root / "bin").mkdir()
