@@ -18,6 +18,8 @@ Measured in one run, so the ratios hold on any machine:
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import os
 import secrets
 import shutil
@@ -29,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from testbed import bench_fleet
-from testbed.bench import output_folder
+from testbed.bench import BENCH_OUT, output_folder
 from testbed.e2e.run import Run, copy_project, engine_env, rendering, stack_raw
 from tools.render import run_program
 
@@ -159,6 +161,10 @@ def main(argv: list[str] | None = None) -> int:
     report = markdown(resources, preview, lab, noop, versions, args.runs)
     fleet = bench_fleet.markdown(rows, profile, args.runs, versions, chart.name)
     args.out.write_text(f"{report}\n\n{fleet}\n")
+    raw = BENCH_OUT / "benchmarks-engine-fleet.json"  # the figures behind the section, to read or re-render
+    raw.parent.mkdir(exist_ok=True)
+    raw.write_text(json.dumps({"rows": [dataclasses.asdict(row) for row in rows],
+                               "profile": dataclasses.asdict(profile) if profile else None}, indent=1))
     largest = rows[-1]
     print(f"wrote {args.out} and {chart.name}: prod preview {preview[0] / preview[1]:.2f}x the bare program; "
           f"{largest.label}: preview {largest.preview.ratio:.2f}x, up {largest.up.ratio:.2f}x, no-op up {largest.noop.ratio:.2f}x, "

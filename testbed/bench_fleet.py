@@ -24,6 +24,8 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -38,7 +40,7 @@ import yaml
 
 from components.node import DISK_STEPS
 from testbed.bench import attribute, generated_stack
-from testbed.e2e.run import Run, rendering
+from testbed.e2e.run import Run, rendering, stack_yaml
 from testbed.standins.ssh import chains, overlapping_nodes, read_log
 from tools.render import ROOT
 
@@ -124,6 +126,8 @@ class SizeResult:
     """The last no-op up's resource changes (ours), from the stack's history."""
     up_overlap: int
     """The most nodes whose disk steps ran side by side during one of our first ups (median of the runs)."""
+    state_mib: tuple[float, float] = (0.0, 0.0)
+    """The size of the state file after the last first up (ours, bare): what the file backend writes after every step."""
 
     @property
     def label(self) -> str:
@@ -149,7 +153,7 @@ def node_names(nodes: int, models: int) -> list[str]:
 def shape_of(raw: dict[str, Any], work: Path) -> Shape:
     """The offline render's count (`python -m tools.render`, as testbed.bench counts)."""
     stack_file = work / "Pulumi.shape.yaml"
-    stack_file.write_text(yaml.safe_dump({"config": {f"gpu-serving:{key}": value for key, value in raw.items()}}))
+    stack_file.write_text(stack_yaml({"config": {f"gpu-serving:{key}": value for key, value in raw.items()}}))
     out = work / "shape-render"
     subprocess.run([sys.executable, "-m", "tools.render", "bench", "--stack-file", str(stack_file), "--out", str(out)],
                    cwd=ROOT, check=True, capture_output=True, timeout=600)
@@ -180,7 +184,7 @@ def new_bare_stack(bare: Run, name: str, config: dict[str, str]) -> None:
     path = bare.project / f"Pulumi.{name}.yaml"
     document = yaml.safe_load(path.read_text()) or {}
     document["config"] = {f"bare:{k}": v for k, v in config.items()}
-    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    path.write_text(stack_yaml(document))
 
 
 # ---------------------------------------------------------------------------- measuring
@@ -286,7 +290,14 @@ def measure_size(nodes: int, models: int, program: Run, bare: Run, runs: int, ke
                          (bare, ("up", "--yes", "--skip-preview", "--expect-no-changes"), f"{name}-bare-{last}"), runs, folder)
         noop_changes = program.last_update_changes(f"{name}-{last}")
         ran_by_noop = len(read_log(log)) - len(first_up_sessions)
-    return SizeResult(nodes, models, shape, preview, up, noop, ran_by_noop, noop_changes, side_by_side)
+        state = state_mib(program, f"{name}-{last}"), state_mib(bare, f"{name}-bare-{last}")
+    return SizeResult(nodes, models, shape, preview, up, noop, ran_by_noop, noop_changes, side_by_side, state)
+
+
+def state_mib(run: Run, stack: str) -> float:
+    """The size of a stack's state file on the run's file backend (`pulumi stack export` writes the same JSON)."""
+    exported = run.pulumi("stack", "export", stack=stack, timeout=600).stdout
+    return len(exported.encode()) / 2**20
 
 
 def disk_chains_overlapping(sessions: list[dict[str, Any]], window: tuple[float, float]) -> int:
@@ -306,6 +317,8 @@ class Profile:
     program: list[tuple[str, float]]
     """[(part of our program's process, seconds)] from cProfile."""
     profiled_seconds: float
+    engine: list[tuple[str, float]] = field(default_factory=list)
+    """[(part of the CLI's CPU time in one `up` of a new stack, seconds)] from its Go profile; the first is the whole."""
 
 
 def spans(path: Path) -> list[dict[str, Any]]:
@@ -392,6 +405,48 @@ def program_parts(project: Path) -> tuple[Any, str]:
     return group, "the rest: asyncio and the standard library called from the event loop itself, the exec shim"
 
 
+# Where the CLI's CPU goes in an `up`, by the cumulative time of these functions in its Go profile
+# (`pulumi up --profiling`, read with `go tool pprof -top -cum`).
+ENGINE_PARTS = (
+    ("saving the whole state after each step (SnapshotManager.saveSnapshot)", "backend.(*SnapshotManager).saveSnapshot"),
+    ("of which encoding it as JSON", "diy.compactJSONMarshaler.Marshal"),
+    ("of which the MD5 sum of every write (the file backend's .attrs sidecar)", "crypto/md5.(*digest).Write"),
+    ("of which copying the previous state to .bak", "diy.backupTarget"),
+)
+
+
+def pprof_seconds(text: str) -> float:
+    """`450ms`, `17.02s`, `2.5mins`, `1.1hrs` (pprof's units) in seconds."""
+    number, unit = re.fullmatch(r"([0-9.]+)([a-z]+)", text).groups()  # type: ignore[union-attr]
+    return float(number) * {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1, "min": 60, "mins": 60, "hr": 3600, "hrs": 3600}[unit]
+
+
+def engine_parts(top: str) -> list[tuple[str, float]]:
+    """ENGINE_PARTS' seconds from `go tool pprof -top -cum` text; first the profile's total samples."""
+    total = re.search(r"Total samples = ([0-9.]+[a-z]+)", top)
+    if not total:
+        raise ValueError("no 'Total samples' line in the profile's top")
+    found = [("the CLI's CPU time in the whole `up`", pprof_seconds(total[1]))]
+    for label, function in ENGINE_PARTS:
+        # flat flat% sum% cum cum% name
+        row = next((line.split(None, 5) for line in top.splitlines() if line.rstrip().endswith(function)), None)
+        found.append((label, pprof_seconds(row[3]) if row and len(row) == 6 else 0.0))
+    return found
+
+
+def profile_engine_up(program: Run, stack: str, work: Path) -> list[tuple[str, float]]:
+    """The CLI's CPU profile of one `up` of `stack` (new), by ENGINE_PARTS; empty without `go` to read it."""
+    prefix = work / "cli-profile"
+    program.pulumi("up", "--yes", "--skip-preview", "--profiling", str(prefix), stack=stack, timeout=3600)
+    cpu = next(work.glob("cli-profile.*.cpu"), None)
+    go, pulumi = shutil.which("go", path=program.env.get("PATH")), shutil.which("pulumi", path=program.env.get("PATH"))
+    if cpu is None or not go or not pulumi:
+        return []
+    top = subprocess.run([go, "tool", "pprof", "-top", "-cum", "-nodecount=400", pulumi, str(cpu)],
+                         capture_output=True, text=True, check=True, timeout=600, env=program.env).stdout
+    return engine_parts(top)
+
+
 def profile_largest(program: Run, bare: Run, our_stack: str, bare_stack: str, work: Path) -> Profile:
     traces = {}
     for side, run, stack in (("ours", program, our_stack), ("bare", bare, bare_stack)):
@@ -405,6 +460,14 @@ def profile_largest(program: Run, bare: Run, our_stack: str, bare_stack: str, wo
     spent = attribute(stats, group, other)
     ordered = sorted(spent.items(), key=lambda item: -item[1])
     return Profile({phase: {side: traces[side][phase] for side in traces} for phase in PHASES}, ordered, sum(spent.values()))
+
+
+def profile_largest_up(program: Run, nodes: int, models: int, key: str, work: Path) -> list[tuple[str, float]]:
+    """The CLI's CPU profile of one more first `up` of the largest stack, on stand-in hosts of its own."""
+    with ssh_standin(node_names(nodes, models), work / "ssh-profiled.jsonl") as ports:
+        stack = f"fleet-{nodes}x{models}-profiled"
+        program.new_stack(stack, fleet_config(nodes, models, ports, work / "yaml-profiled"), {"sshPrivateKey": key})
+        return profile_engine_up(program, stack, work)
 
 
 # ---------------------------------------------------------------------------- report
@@ -448,23 +511,27 @@ def markdown(rows: list[SizeResult], profile: Profile | None, runs: int, version
         "same stand-in hosts, chained per node) and ConfigMaps on a YAML-writing provider as the stack has resources.",
         "",
         "| nodes × models | resources (Commands) | preview: ours / bare (s) | ratio | `up`, new stack: ours / bare (s) | ratio "
-        "| no-op `up`: ours / bare (s) | ratio | Commands run by the no-op ups | program's peak memory in preview: ours / bare (MiB) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| no-op `up`: ours / bare (s) | ratio | Commands run by the no-op ups | program's peak memory in preview: ours / bare (MiB) "
+        "| state after `up`: ours / bare (MiB) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         lines.append(
             f"| {row.label} | {row.shape.resources} ({row.shape.commands}) | {' | '.join(fmt(row.preview))} | {' | '.join(fmt(row.up))} "
             f"| {' | '.join(fmt(row.noop))} | {row.noop_commands} "
-            f"| {row.preview.peak_mib('ours'):.0f} / {row.preview.peak_mib('bare'):.0f} |")
+            f"| {row.preview.peak_mib('ours'):.0f} / {row.preview.peak_mib('bare'):.0f} "
+            f"| {row.state_mib[0]:.1f} / {row.state_mib[1]:.1f} |")
     slope = growth(rows)
     slopes = per_resource_above_smallest(rows)
     same = largest.noop_changes.get("same", 0)
     lines += [
         "",
-        f"- **Preview of {largest.label}: {largest.preview.ratio:.2f}×** the bare program (goal ≤ 1.3×).",
+        f"- **Preview of {largest.label}: {largest.preview.ratio:.2f}×** the bare program (goal ≤ 1.3×: "
+        f"{'met' if largest.preview.ratio <= 1.3 else 'missed'}).",
         "- **Growth**: preview ms per resource above the smallest stack, "
         + ", ".join(f"{r.label}: {s:.1f}" for r, s in zip(rows, slopes, strict=True) if s is not None)
-        + (f"; the largest over the next: **{slope:.2f}** (goal ≤ 1.2)." if slope is not None else " (needs three sizes for the ratio)."),
+        + (f"; the largest over the next: **{slope:.2f}** (goal ≤ 1.2: {'met' if slope <= 1.2 else 'missed'})."
+           if slope is not None else " (needs three sizes for the ratio)."),
         f"- **No-op `up` of {largest.label}**: {largest.noop_commands} Commands ran (the stand-in's log), changes "
         f"{json.dumps(largest.noop_changes, sort_keys=True)} ({same} resources left the same; goal: 0 Commands, nothing changed).",
         f"- **Node steps in parallel**: during a first `up` of {largest.label}, the disk steps of **{largest.up_overlap}** of "
@@ -472,6 +539,9 @@ def markdown(rows: list[SizeResult], profile: Profile | None, runs: int, version
         f"the runs). The engine runs at most `--parallel` operations at once: 4 × the CPUs by default, {4 * (os.cpu_count() or 1)} here.",
         "- Peak memory is that of the process running `__main__.py` (`pulumi-language-python-exec`, measured at its exit "
         "by `testbed/bench_hook`), not the CLI's or the providers'.",
+        "- State: `pulumi stack export` of the last new stack's state. On a file (or any DIY) backend the CLI writes the "
+        "whole state after every step of an `up`, waiting for each write, so an `up` costs about resources × state size "
+        "more than a preview; the profile below measures it.",
     ]
     if chart:
         lines += ["", f"![real-engine time against stack size]({chart})"]
@@ -500,6 +570,17 @@ def profile_markdown(profile: Profile, label: str) -> list[str]:
         "|---|---|---|",
         *[f"| {part} | {seconds:.2f} | {seconds / profile.profiled_seconds:.0%} |" for part, seconds in profile.program],
     ]
+    if profile.engine:
+        whole = profile.engine[0][1]
+        lines += [
+            "",
+            f"The CLI's CPU in one more `up` of a new {label} stack (`pulumi up --profiling`, its Go CPU profile read with "
+            "`go tool pprof -top -cum`; the state on the file backend, as in every run above):",
+            "",
+            "| part | CPU seconds | share |",
+            "|---|---|---|",
+            *[f"| {part} | {seconds:.2f} | {seconds / whole:.0%} |" for part, seconds in profile.engine],
+        ]
     return lines
 
 
@@ -546,4 +627,5 @@ def fleet(program: Run, bare: Run, sizes: list[tuple[int, int]], runs: int, work
         name = f"fleet-{nodes}x{models}"
         # Preview dials no node: the stand-in the stacks name is gone by now, and not needed.
         found = profile_largest(program, bare, f"{name}-preview", f"{name}-bare-preview", work / name)
+        found.engine = profile_largest_up(program, nodes, models, key, work / name)
     return rows, found

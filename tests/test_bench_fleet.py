@@ -225,10 +225,41 @@ def test_report_has_a_row_per_size_and_the_goals() -> None:
     assert "| 1 × 1 | 28 (8) | 3.00 / 2.50 | **1.20×** |" in report
     assert "| 32 × 100 | 1100 (256) | 24.00 / 19.00 | **1.26×** |" in report
     # ms per resource above the 1×1 stack: (8-3)/272 and (24-3)/1072; the largest over the next.
-    assert "8 × 16: 18.4, 32 × 100: 19.6; the largest over the next: **1.07** (goal ≤ 1.2)" in report
+    assert "8 × 16: 18.4, 32 × 100: 19.6; the largest over the next: **1.07** (goal ≤ 1.2: met)" in report
     assert "**Preview of 32 × 100: 1.26×**" in report
     assert '0 Commands ran (the stand-in\'s log), changes {"same": 1102}' in report
     assert "![real-engine time against stack size](chart.png)" in report
+
+
+PPROF_TOP = """\
+File: pulumi
+Type: cpu
+Duration: 23.13s, Total samples = 20.66s (89.34%)
+      flat  flat%   sum%        cum   cum%
+         0     0%     0%     17.02s 82.38%  github.com/pulumi/pulumi/pkg/v3/backend.(*SnapshotManager).saveSnapshot
+         0     0%     0%      7.79s 37.71%  github.com/pulumi/pulumi/pkg/v3/backend/diy.compactJSONMarshaler.Marshal
+     4.87s 23.57% 23.57%      4.87s 23.57%  crypto/md5.block
+         0     0% 23.81%      4.87s 23.57%  crypto/md5.(*digest).Write
+         0     0% 37.27%      450ms  2.18%  github.com/pulumi/pulumi/pkg/v3/backend/diy.backupTarget
+"""
+
+
+def test_engine_profile_parts_come_from_pprofs_cumulative_column() -> None:
+    parts = dict(bench_fleet.engine_parts(PPROF_TOP))
+    assert list(parts.values()) == pytest.approx([20.66, 17.02, 7.79, 4.87, 0.45])
+    assert bench_fleet.pprof_seconds("2.5mins") == 150
+    missing = dict(bench_fleet.engine_parts(PPROF_TOP.replace("diy.backupTarget", "diy.somethingElse")))
+    assert missing["of which copying the previous state to .bak"] == 0
+    with pytest.raises(ValueError, match="Total samples"):
+        bench_fleet.engine_parts("File: pulumi\n")
+
+
+def test_report_shows_the_engines_cpu_shares_when_profiled() -> None:
+    rows = [result(1, 1, 28, (3.0, 2.5)), result(2, 3, 60, (4.0, 3.0))]
+    profile = bench_fleet.Profile({phase: {"ours": 1.0, "bare": 1.0} for phase in bench_fleet.PHASES}, [("x", 1.0)], 1.0,
+                                  bench_fleet.engine_parts(PPROF_TOP))
+    report = bench_fleet.markdown(rows, profile, 1, "pulumi v0", None)
+    assert "| saving the whole state after each step (SnapshotManager.saveSnapshot) | 17.02 | 82% |" in report
 
 
 def test_growth_needs_three_sizes() -> None:
@@ -262,8 +293,11 @@ def test_quick_engine_bench_writes_its_fleet_table_chart_and_profile(tmp_path: P
         assert int(row.group(1)) == offline_count(nodes, models, tmp_path)
         ratios = [float(r) for r in re.findall(r"\*\*([\d.]+)×\*\*", row.group(3))]
         assert len(ratios) == 3 and all(r > 0 for r in ratios), row.group(0)
-        assert row.group(3).split("|")[-3].strip() == "0", "a no-op up ran Commands"
+        assert row.group(3).split("|")[-4].strip() == "0", "a no-op up ran Commands"
     assert (tmp_path / bench_fleet.CHART).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    shares = [int(s) for s in re.findall(r"^\| [^|]+ \| [\d.]+ \| (\d+)% \|$", report, flags=re.MULTILINE)]
+    program, engine = report.split("The CLI's CPU in one more `up`", 1)
+    shares = [int(s) for s in re.findall(r"^\| [^|]+ \| [\d.]+ \| (\d+)% \|$", program, flags=re.MULTILINE)]
     assert len(shares) >= 5 and 97 <= sum(shares) <= 103
     assert "| the program's process (language host `execPython`) |" in report
+    saving = re.search(r"^\| saving the whole state after each step \S+ \| ([\d.]+) \| (\d+)% \|$", engine, flags=re.MULTILINE)
+    assert saving and float(saving.group(1)) > 0, engine

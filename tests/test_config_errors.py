@@ -270,3 +270,19 @@ def test_a_long_key_is_shortened_and_the_reason_kept(key: str) -> None:
     assert message.startswith('cluster."' + key[:20]), message
     assert '…": unknown key (check the spelling; keys are camelCase)' in message, message
     assert message.endswith("the README's config reference lists the keys") or message.endswith("runtimeClassName, prometheusUrl")
+
+
+# --- a value YAML read as a number -------------------------------------------------------------
+
+@pytest.mark.parametrize(("key", "value"), [("models.0.revision", 8), ("models.0.revision", 1e40), ("nodes.0.name", 7)])
+def test_an_unquoted_number_where_text_belongs_says_to_quote_it(key: str, value: float) -> None:
+    # An all-digit commit such as 0000…08 is an int to YAML 1.2 (Pulumi's reader): its leading zeros
+    # are gone before the program sees it, so the message cannot repeat the value, only say to quote it.
+    field = key.rsplit(".", 1)[-1]
+    message = error_of(with_change(key, value))
+    assert message.startswith(f"{key.replace('.0.', '[0].')}: must be text, but YAML read a number"), message
+    assert f'quote the value in the stack file, e.g. {field}: "' in message, message
+
+
+def test_a_boolean_is_not_taken_for_a_number() -> None:
+    assert "YAML read a number" not in error_of(with_change("models.0.revision", True))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import shlex
 import shutil
 import subprocess
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from components import node as gpunode
 from stacks.config import parse, partition_bytes, size_gb_for
@@ -78,6 +80,45 @@ def test_rendered_files_are_exactly_the_create_scripts(prod):
     assert sorted(files) == [f"nodes/{NODE}/{s}.sh" for s in gpunode.STEP_PARAMS]
     for name, cmd in commands(prod).items():
         assert files[f"nodes/{NODE}/{name}.sh"] == cmd.inputs["create"]
+
+
+def lib_of(script: str) -> str:
+    return script.split("# ---- lib.sh\n", 1)[1].rsplit("\n# ---- ", 1)[0]
+
+
+def test_each_step_carries_the_helpers_it_calls_and_no_other(prod):
+    lib = gpunode._body("lib.sh")
+    functions = {name for name, _ in gpunode.lib_parts(lib) if name}
+    assert "".join(text for _, text in gpunode.lib_parts(lib)) == lib
+    assert len(functions) > 25
+    for step, cmd in commands(prod).items():
+        script = cmd.inputs["create"]
+        # What bash itself defines from the step's helpers, not what the selection thinks it kept.
+        listed = subprocess.run(["bash", "-c", lib_of(script) + "\ndeclare -F"], capture_output=True, text=True, check=True)
+        defined = {line.split()[-1] for line in listed.stdout.splitlines()}
+        code = "\n".join(line for line in script.splitlines() if not line.lstrip().startswith("#"))
+        words = re.findall(r"[a-z_][a-z0-9_]*", code)
+        calls = {name for name in functions if words.count(name) > (name in defined)}  # more than its definition
+        assert calls - defined == set(), f"{step} calls helpers it lacks"
+        assert defined - calls == set(), f"{step} carries helpers it never calls"
+        assert len(script) < len(lib) + len(gpunode._body(f"{step}.sh")), step
+
+
+@pytest.mark.parametrize(("helper", "steps"), [
+    ("cri_up", {"80-runtime"}),
+    ("kube_units", {"50-mount"}),
+    ("scan_disk", {"10-preflight", "20-partition", "30-raid", "60-grow"}),
+    ("die", set(gpunode.STEP_PARAMS)),
+])
+def test_a_helper_change_re_runs_only_the_steps_that_call_it(helper: str, steps: set[str], monkeypatch) -> None:
+    config = parse({k.split(":", 1)[1]: v for k, v in yaml.safe_load((ROOT / "Pulumi.prod.yaml").read_text())["config"].items()
+                    if k.startswith("gpu-serving:")})
+    before = {s.name: s.create for s in gpunode.steps(config.nodes[0], config.cluster)}
+    body = gpunode._body
+    changed = body("lib.sh").replace(f"{helper}() {{", f"{helper}() {{\n  : a release changed this helper", 1)
+    monkeypatch.setattr(gpunode, "_body", lambda f: changed if f == "lib.sh" else body(f))
+    after = {s.name: s.create for s in gpunode.steps(config.nodes[0], config.cluster)}
+    assert {name for name in before if before[name] != after[name]} == steps
 
 
 def test_parameters_come_first_and_quoted(prod):

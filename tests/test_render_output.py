@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from tools import render as render_module
-from tools.render import ROOT, Render, run_program, write
+from tools.render import ROOT, ManifestDumper, Render, run_program, write
 
 PROD = (ROOT / "Pulumi.prod.yaml").read_text()
 
@@ -195,3 +195,17 @@ def test_every_secret_bearing_object_is_left_out(render, tmp_path: Path) -> None
            "--from-file=hf-token=hf-token.txt\n" in text
     assert "[secret" not in text
 
+
+
+@pytest.mark.parametrize("text", ["0" * 39 + "8", "08", "1e5", "0o17", "0X1F", "0b101", ".5e3", "1_000", "-7", "+3.0"])
+def test_text_that_go_reads_as_a_number_is_quoted(text: str) -> None:
+    # PyYAML (YAML 1.1) leaves these bare; Pulumi's and kubectl's Go YAML would read a number, and a
+    # commit of digits only would lose its leading zeros before the program saw it.
+    out = yaml.dump({"revision": text}, Dumper=ManifestDumper)
+    assert out == f"revision: '{text}'\n"
+    assert yaml.safe_load(out) == {"revision": text}
+
+
+@pytest.mark.parametrize("text", ["main", "0a1b", "v1.2", "1.2.3", "org/model-008", "10.0.0.2"])
+def test_other_text_stays_plain(text: str) -> None:
+    assert yaml.dump({"k": text}, Dumper=ManifestDumper) == f"k: {text}\n"

@@ -27,6 +27,7 @@ import difflib
 import json
 import logging
 import os
+import re
 import runpy
 import shutil
 import sys
@@ -58,8 +59,15 @@ class ManifestDumper(getattr(yaml, "CSafeDumper", yaml.SafeDumper)):  # type: ig
     scripts embedded in manifests read as scripts in review and in `make diff`."""
 
 
+# Plain scalars that Go's YAML readers (Pulumi's stack files, kubectl) take for numbers, as YAML 1.2 and
+# Go's strconv do, but PyYAML's YAML 1.1 resolver takes for text and so leaves unquoted: a commit of
+# digits only, 08, 1e5, 0o17, 0x1F, 0b101, .5e3, 1_000.
+GO_NUMBER = re.compile(r"[-+]?([0-9][0-9_]*|0[oO][0-7_]+|0[xX][0-9a-fA-F_]+|0[bB][01_]+|(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?)")
+
+
 def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
-    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style="|" if "\n" in value else None)
+    style = "|" if "\n" in value else "'" if GO_NUMBER.fullmatch(value) else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
 
 
 ManifestDumper.add_representer(str, _str)

@@ -8,6 +8,8 @@ set -euo pipefail
 # is given for that alone: a replaced disk is measured again) or the array's name or mountpoint;
 # `pulumi up --replace <this step's URN>` measures again, 'cat /proc/mdstat' is the live view.
 : "${GS_RAID_NAME:?}" "${GS_MOUNTPOINT:?}"
+# shellcheck disable=SC2034  # GS_DISKS: only so that a disk change re-runs this step (see above)
+: "${GS_DISKS:?}"
 
 need_root
 need_tools mdadm blkid findmnt df flock

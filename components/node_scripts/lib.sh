@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 set -euo pipefail
 # Helpers shared by the node steps. components/node.py renders every step as:
-#   shebang + `set -euo pipefail` + quoted GS_* parameters + this file + the step body.
+#   shebang + `set -euo pipefail` + quoted GS_* parameters + this file + the step body,
+# leaving out the functions the step never calls (by name, directly or through another function;
+# every line outside a function stays): so call a helper by its literal name, and end a
+# multi-line function with `}` alone on a line.
 # Functions, and the ERR trap below: loading this file changes nothing else. Each process start
 # is slow on a busy node (and ~30 ms in the test VM), so the helpers read sysfs and use bash
 # builtins where they can instead of forking tools.
@@ -233,8 +236,8 @@ settle() {
 
 # find_part BASE NUM: part_dev, retried for a few seconds while udev re-reads the table.
 find_part() {
-  local i
-  for i in 1 2 3 4 5 6 7 8 9 10; do
+  local _
+  for _ in 1 2 3 4 5 6 7 8 9 10; do
     part_dev "$1" "$2"
     [[ -z $PART_DEV || ! -b $PART_DEV ]] || return 0
     settle

@@ -134,6 +134,10 @@ def _describe(exc: ValidationError) -> str:
         message = "must be a mapping of keys to values"
     elif error["type"] == "list_type":
         message = "must be a list"
+    elif error["type"] == "string_type" and isinstance(given, int | float) and not isinstance(given, bool):
+        # An unquoted commit of digits only (or 1e5…) reaches us as a number, leading zeros gone.
+        return (f"{path}: must be text, but YAML read a number (got {_short(given)}); "
+                f"quote the value in the stack file, e.g. {error['loc'][-1]}: \"0123…\"")
     if isinstance(given, dict | list) and error["type"] == "value_error":
         return f"{path}: {message}"  # our own checks say what is wrong with the value
     if isinstance(given, dict | list):

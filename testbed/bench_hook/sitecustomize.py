@@ -1,7 +1,7 @@
 """Imported by every Python process of a real-engine benchmark run (the benchmark puts this folder on
 PYTHONPATH). In the one that runs the Pulumi program (pulumi-language-python-exec, a child of the
 language host, which the CLI's own figures cannot tell apart from it), it records the peak resident
-memory at exit and, with GS_BENCH_PROFILE, a cProfile of the whole process. Nothing happens in any
+memory and the CPU time at exit and, with GS_BENCH_PROFILE, a cProfile of the whole process. Nothing happens in any
 other process, nor without GS_BENCH_HOOK_OUT; the program itself is not changed.
 """
 
@@ -34,9 +34,10 @@ def _install(out: str) -> None:
         if profiler is not None:
             profiler.disable()
             profiler.dump_stats(stats)
-        peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        usage = resource.getrusage(resource.RUSAGE_SELF)
         with open(out, "a") as file:
-            file.write(json.dumps({"pid": os.getpid(), "peakKib": peak_kib}) + "\n")
+            file.write(json.dumps({"pid": os.getpid(), "peakKib": usage.ru_maxrss,
+                                   "cpuSeconds": round(usage.ru_utime + usage.ru_stime, 3)}) + "\n")
 
     atexit.register(report)
 

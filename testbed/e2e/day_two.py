@@ -124,13 +124,6 @@ class DayTwoEndToEnd(ClusterEndToEnd):
         """`ssh root@k8s-worker-02` of a README command → the lab VM's ssh command (its key and port)."""
         return {"ssh root@k8s-worker-02": shlex.join(self.vm.ssh_argv())}
 
-    def edit_stack(self, edit: Any) -> None:
-        """What the runbook says to change in Pulumi.<stack>.yaml, done to the file."""
-        path = self.project / "Pulumi.cluster.yaml"
-        document = yaml.safe_load(path.read_text())
-        edit(document["config"])
-        path.write_text(yaml.safe_dump(document, sort_keys=False))
-
     # ---- cluster state ----------------------------------------------------------------------
 
     def pods(self, model: str = MODEL) -> dict[str, dict[str, Any]]:
@@ -189,7 +182,7 @@ class DayTwoEndToEnd(ClusterEndToEnd):
         before_size = int(self.vm_sh("df -B1 --output=size /mnt/models | tail -1"))
         pods = set(self.pods())
         claim = self.get("pvc", "models", "-n", NAMESPACE)
-        self.edit_stack(lambda config: config["gpu-serving:nodes"][0]["storage"].__setitem__("sizeGb", CLUSTER_GROWN_SIZE_GB))
+        self.edit_stack("cluster", lambda config: config["gpu-serving:nodes"][0]["storage"].__setitem__("sizeGb", CLUSTER_GROWN_SIZE_GB))
         events = self.tmp / "grow-cluster-events.jsonl"
         self.run_block("grow", events=events)
         changed = {_name(urn): op for urn, op in _changed(events).items()}
@@ -231,7 +224,7 @@ class DayTwoEndToEnd(ClusterEndToEnd):
         # The failed disk stays plugged in (the harness does not unplug); it is out of the array and the config.
         removed_sum = self.vm_sh(f"head -c 8M {failed} | sha256sum | cut -d' ' -f1")
         new_disk = self.plug(SPARE_DISK)
-        self.edit_stack(lambda config: config["gpu-serving:nodes"][0]["storage"]["disks"].__setitem__(1, new_disk))
+        self.edit_stack("cluster", lambda config: config["gpu-serving:nodes"][0]["storage"]["disks"].__setitem__(1, new_disk))
         events = self.tmp / "replace-disk-events.jsonl"
         ran = self.run_block("replace-disk", names=names, events=events, commands=slice(3, None))
         changed = {_name(urn): op for urn, op in _changed(events).items()}
@@ -303,7 +296,7 @@ class DayTwoEndToEnd(ClusterEndToEnd):
 
     def add_model(self) -> str:
         pods_before = set(self.pods())
-        self.edit_stack(lambda config: config["gpu-serving:models"].append(SECOND))
+        self.edit_stack("cluster", lambda config: config["gpu-serving:models"].append(SECOND))
         events = self.tmp / "add-model-events.jsonl"
         self.run_block("add-model", events=events)
         changed = _changed(events)
@@ -322,7 +315,7 @@ class DayTwoEndToEnd(ClusterEndToEnd):
     def remove_model(self) -> str:
         pods_before = set(self.pods())
         claim, volume = self.get("pvc", "models", "-n", NAMESPACE), self.get("pv", f"{NAMESPACE}-models")
-        self.edit_stack(lambda config: config.__setitem__("gpu-serving:models", config["gpu-serving:models"][:1]))
+        self.edit_stack("cluster", lambda config: config.__setitem__("gpu-serving:models", config["gpu-serving:models"][:1]))
         events = self.tmp / "remove-model-events.jsonl"
         self.run_block("remove-model", events=events)
         changed = _changed(events)
@@ -415,7 +408,7 @@ class DayTwoEndToEnd(ClusterEndToEnd):
     def add_node(self) -> str:
         entry = {"name": ADDED_NODE, "ssh": {"host": "127.0.0.1", "port": self.vm.port}, "gpu": {"product": "nvidia-t4", "count": 1},
                  "containerRuntime": "none"}
-        self.edit_stack(lambda config: config["gpu-serving:nodes"].append(entry))
+        self.edit_stack("cluster", lambda config: config["gpu-serving:nodes"].append(entry))
         events = self.tmp / "add-node-events.jsonl"
         self.run_block("add-node", events=events)
         changed = {_name(urn): op for urn, op in _changed(events).items()}
@@ -442,7 +435,7 @@ class DayTwoEndToEnd(ClusterEndToEnd):
         require([node.get("containerRuntime") for node in nodes] == ["none", "none"], f"expected two nodes without a runtime step: {nodes}")
 
         def runtimes(value: str) -> None:
-            self.edit_stack(lambda config: [node.__setitem__("containerRuntime", value) for node in config["gpu-serving:nodes"]])
+            self.edit_stack("cluster", lambda config: [node.__setitem__("containerRuntime", value) for node in config["gpu-serving:nodes"]])
 
         def up(label: str) -> tuple[Any, list[dict[str, Any]]]:
             events = self.tmp / f"runtime-chain-{label}-events.jsonl"
@@ -481,7 +474,7 @@ class DayTwoEndToEnd(ClusterEndToEnd):
         the Deployment's template changes, the rollout needs no spare GPU, the smoke test runs again."""
         pods_before = set(self.pods())
         smoke_before = {j["metadata"]["uid"] for name, j in self.jobs().items() if "-smoke-" in name}
-        self.edit_stack(lambda config: config["gpu-serving:models"][0].__setitem__(key, value))
+        self.edit_stack("cluster", lambda config: config["gpu-serving:models"][0].__setitem__(key, value))
         events = self.tmp / f"{block}-events.jsonl"
         self.run_block(block, events=events)
         log = _events(events)

@@ -193,10 +193,7 @@ class EndToEnd(Run):
         before_sum = self.vm_sh(f"head -c 32M /dev/urandom > {CANARY_FILE} && sync && sha256sum {CANARY_FILE} | cut -d' ' -f1")
         before_size = int(self.vm_sh("df -B1 --output=size /mnt/models | tail -1"))
         expected = self.steps_carrying_size()
-        path = self.project / "Pulumi.lab.yaml"
-        document = yaml.safe_load(path.read_text())
-        document["config"]["gpu-serving:nodes"][0]["storage"]["sizeGb"] = GROWN_SIZE_GB
-        path.write_text(yaml.safe_dump(document, sort_keys=False))
+        self.edit_stack("lab", lambda config: config["gpu-serving:nodes"][0]["storage"].__setitem__("sizeGb", GROWN_SIZE_GB))
         preview = json.loads(self.pulumi("preview", "--json", stack="lab").stdout)
         updated = sorted(s["urn"].rsplit("::", 1)[1] for s in preview.get("steps", [])
                          if s["op"] != "same" and "command:remote:Command" in s["urn"])

@@ -26,8 +26,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from components.serving.drain import PRESTOP_S
 from components.serving.profile import NON_ROOT_UID
 from testbed.e2e.cluster_checks import ClusterEndToEnd, _free_port_block, _time
@@ -349,10 +347,7 @@ class RealNodeEndToEnd(ClusterEndToEnd):
                 f"the running stream completed ({ended:.0f} s, [DONE]); the Deployment's next pod is Ready")
 
     def real_nonroot(self) -> str:
-        path = self.project / "Pulumi.node.yaml"
-        document = yaml.safe_load(path.read_text())
-        document["config"]["gpu-serving:models"][0]["securityProfile"] = "nonRoot"
-        path.write_text(yaml.safe_dump(document, sort_keys=False))
+        self.edit_stack("node", lambda config: config["gpu-serving:models"][0].__setitem__("securityProfile", "nonRoot"))
         self.timed("upRealNonRootSeconds", "up", "--yes", "--skip-preview", stack="node", timeout=1800)
         pod = self.ready_pod()
         require(pod["spec"]["securityContext"].get("runAsUser") == NON_ROOT_UID, f"pod securityContext {pod['spec']['securityContext']}")

@@ -16,7 +16,13 @@ from typing import Any
 import yaml
 
 from stacks.config import ConfigError, parse
-from tools.render import ROOT
+from tools.render import ROOT, ManifestDumper
+
+
+def stack_yaml(document: dict[str, Any]) -> str:
+    """A stack file as Pulumi's Go YAML reads it back: text that looks like a number to it (a commit of
+    digits only, 08, 1e5) quoted, which PyYAML's own dumper leaves bare."""
+    return yaml.dump(document, Dumper=ManifestDumper, sort_keys=False)
 
 
 class CheckError(Exception):
@@ -84,7 +90,7 @@ class Run:
         path = self.project / f"Pulumi.{name}.yaml"
         document = yaml.safe_load(path.read_text()) or {}
         document["config"] = {f"gpu-serving:{key}": value for key, value in raw.items()}
-        path.write_text(yaml.safe_dump(document, sort_keys=False))
+        path.write_text(stack_yaml(document))
         try:
             missing = set(parse(raw).secret_keys()) - set(secret_values)
         except ConfigError:
@@ -93,6 +99,13 @@ class Run:
             raise CheckError(f"stack {name} reads secrets {sorted(missing)} that were not given")
         for key, value in sorted(secret_values.items()):
             self.pulumi("config", "set", "--secret", key, stack=name, stdin=value)
+
+    def edit_stack(self, stack: str, edit: Callable[[dict[str, Any]], Any]) -> None:
+        """What an operator changes in Pulumi.<stack>.yaml, done to the file: `edit` gets its config mapping."""
+        path = self.project / f"Pulumi.{stack}.yaml"
+        document = yaml.safe_load(path.read_text())
+        edit(document["config"])
+        path.write_text(stack_yaml(document))
 
     def outputs(self, stack: str) -> dict[str, Any]:
         return json.loads(self.pulumi("stack", "output", "--json", stack=stack).stdout)
