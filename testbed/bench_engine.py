@@ -36,6 +36,7 @@ from testbed.e2e.run import Run, copy_project, engine_env, rendering, stack_raw
 from tools.render import run_program
 
 NAME = "benchmarks-engine.md"
+CLUSTER_NAME = "benchmarks-engine-cluster.md"
 BARE_PROGRAM = '''\
 import pulumi
 import pulumi_command as command
@@ -114,6 +115,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", type=parse_sizes, help="fleet sizes, nodes x models: 1x1,8x16,32x100 (the default)")
     parser.add_argument("--update-docs", action="store_true", help=f"write docs/{NAME} (tracked) instead of bench-out/{NAME}")
     parser.add_argument("--out", type=Path, help=f"markdown file (default bench-out/{NAME}); the chart goes beside it")
+    parser.add_argument("--cluster-only", action="store_true",
+                        help=f"only the largest size's up on the loopback cluster, into {CLUSTER_NAME} beside --out "
+                             "(a full run does it after the rest)")
     args = parser.parse_args(argv)
     args.runs = args.runs or (1 if args.quick else 5)
     args.sizes = args.sizes or (bench_fleet.QUICK_SIZES if args.quick else bench_fleet.SIZES)
@@ -121,14 +125,10 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     from tests.vm.harness import DEFAULT_DISKS, Vm, ensure_image
 
-    tmp = Path(tempfile.mkdtemp(prefix="gs-bench-engine-"))
-    env = bench_fleet.bench_env({**os.environ, **engine_env(), "PULUMI_BACKEND_URL": f"file://{tmp / 'state'}",
-                                 "PULUMI_CONFIG_PASSPHRASE": secrets.token_urlsafe(24)}, tmp)
-    env.pop("SSH_AUTH_SOCK", None)
-    (tmp / "state").mkdir()
-    (tmp / "project").mkdir()
-    copy_project(tmp / "project")
-    program = Run(tmp, env, tmp)
+    if args.cluster_only:
+        return cluster_only(args)
+    tmp, program = scratch()
+    env = program.env
     bare = Run(tmp / "bare-run", env, tmp)
     bare_project(bare.project)
     vm = None if args.quick else Vm(tmp / "vm", DEFAULT_DISKS, image=ensure_image())
@@ -152,6 +152,9 @@ def main(argv: list[str] | None = None) -> int:
         fleet_bare = Run(tmp / "fleet-bare-run", env, tmp)
         bench_fleet.bare_project(fleet_bare.project)
         rows, profile = bench_fleet.fleet(program, fleet_bare, args.sizes, args.runs, tmp, profile=True)
+        if not args.quick:
+            on_cluster = bench_fleet.cluster_up(program, *args.sizes[-1], bench_fleet.fleet_key(tmp), tmp)
+            (args.out.parent / CLUSTER_NAME).write_text(bench_fleet.cluster_markdown(on_cluster) + "\n")
     finally:
         if vm is not None:
             vm.stop()
@@ -169,6 +172,31 @@ def main(argv: list[str] | None = None) -> int:
     print(f"wrote {args.out} and {chart.name}: prod preview {preview[0] / preview[1]:.2f}x the bare program; "
           f"{largest.label}: preview {largest.preview.ratio:.2f}x, up {largest.up.ratio:.2f}x, no-op up {largest.noop.ratio:.2f}x, "
           f"{largest.noop_commands} Commands run by the no-op ups")
+    return 0
+
+
+def scratch() -> tuple[Path, Run]:
+    """A temporary project copy with its own file backend, and the Run that drives the engine in it."""
+    tmp = Path(tempfile.mkdtemp(prefix="gs-bench-engine-"))
+    env = bench_fleet.bench_env({**os.environ, **engine_env(), "PULUMI_BACKEND_URL": f"file://{tmp / 'state'}",
+                                 "PULUMI_CONFIG_PASSPHRASE": secrets.token_urlsafe(24)}, tmp)
+    env.pop("SSH_AUTH_SOCK", None)
+    (tmp / "state").mkdir()
+    (tmp / "project").mkdir()
+    copy_project(tmp / "project")
+    return tmp, Run(tmp, env, tmp)
+
+
+def cluster_only(args: argparse.Namespace) -> int:
+    tmp, program = scratch()
+    try:
+        result = bench_fleet.cluster_up(program, *args.sizes[-1], bench_fleet.fleet_key(tmp), tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    out = args.out.parent / CLUSTER_NAME
+    out.write_text(bench_fleet.cluster_markdown(result) + "\n")
+    print(f"wrote {out}: {result.label} on the loopback cluster, up {result.up_seconds:.0f} s, no-op up {result.noop_seconds:.0f} s, "
+          f"{result.noop_commands} Commands run by the no-op up")
     return 0
 
 

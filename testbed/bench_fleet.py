@@ -10,13 +10,13 @@ node's SSH host a stand-in that runs nothing (testbed/standins/ssh.py):
 - the peak memory of the process that runs the program (testbed/bench_hook);
 - the Commands the stand-in was asked to run (0 for a no-op up) and how many nodes had one in
   flight at once during the first up.
-For the largest size, where the preview's time goes: the engine's OpenTelemetry spans
-(`--otel-traces file://`) for both programs, and a cProfile of our program's process.
+For the largest size, where the time goes: the engine's OpenTelemetry spans (`--otel-traces file://`)
+of a preview of both programs, a cProfile of our program's process, and the CLI's Go CPU profile of
+one more first `up` (`--profiling`). Then (`cluster_up`, not with --quick) the largest stack brought
+up once against the loopback cluster (testbed/cluster, one kwok node per stack node) instead of YAML.
 
-Not measured here yet: the largest stack's `up` against the loopback cluster (testbed/cluster, one kwok
-node per stack node) instead of YAML, and a sampling profile of every thread (py-spy): cProfile sees
-the main thread only, where the program and the SDK's serialisation run; the worker threads only
-wait on gRPC calls, whose other end the engine's spans show.
+cProfile sees the main thread only, where the program and the SDK's serialisation run; the worker
+threads only wait on gRPC calls, whose other end the engine's spans show.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from typing import Any
 import yaml
 
 from components.node import DISK_STEPS
+from stacks.config import parse
 from testbed.bench import attribute, generated_stack
 from testbed.e2e.run import Run, rendering, stack_yaml
 from testbed.standins.ssh import chains, overlapping_nodes, read_log
@@ -305,6 +306,98 @@ def disk_chains_overlapping(sessions: list[dict[str, Any]], window: tuple[float,
     are left out: they wait for each other by design)."""
     during = [s for s in sessions if window[0] <= s["start"] <= window[1] and s["step"] in DISK_STEPS]
     return overlapping_nodes(chains(during))
+
+
+# ---------------------------------------------------------------------------- on the loopback cluster
+
+CLUSTER_NODE = "4:64:512Gi"
+"""What each kwok node advertises: GPUs (the generated stack asks at most ⌈models / nodes⌉ = 4 per node at
+32 × 100), CPUs and memory (four replicas of 4 CPUs, 16 GiB each fit)."""
+
+
+@dataclass(frozen=True)
+class ClusterResult:
+    nodes: int
+    models: int
+    resources: int
+    server: str
+    up_seconds: float
+    noop_seconds: float
+    noop_commands: int
+    noop_changes: dict[str, int]
+    up_overlap: int
+    state_mib: float
+
+    @property
+    def label(self) -> str:
+        return f"{self.nodes} × {self.models}"
+
+
+def cluster_config(nodes: int, models: int, ports: dict[str, int], kubeconfig: str) -> dict[str, Any]:
+    """The generated stack against a cluster: the same nodes and models, without the Ingress (no
+    controller here would ever give it an address, which the provider awaits) or its certificate issuer."""
+    document = generated_stack(models, nodes)["config"]
+    raw = {key.split(":", 1)[1]: value for key, value in document.items()}
+    raw["cluster"] = {"namespace": raw["cluster"]["namespace"], "kubeconfig": {"path": kubeconfig}}
+    for model in raw["models"]:
+        model.pop("ingress", None)
+    for node in raw["nodes"]:
+        node["ssh"] = {"host": "127.0.0.1", "port": ports[node["name"]], "user": "root"}
+    return raw
+
+
+def cluster_up(program: Run, nodes: int, models: int, key: str, work: Path) -> ClusterResult:
+    """A first `up` and a no-op `up` of the generated stack on the loopback cluster (testbed/cluster: a real
+    kube-apiserver, controllers and scheduler; kwok stands in for the nodes' kubelets and marks pods Ready
+    and Job pods complete), one run each: every object created and awaited as on a real cluster."""
+    from testbed.e2e.cluster_checks import CLUSTER_SH, _free_port_block
+
+    cluster = {"GS_CLUSTER_DIR": str(work / "cluster"), "GS_CLUSTER_PORT": str(_free_port_block())}
+    names = node_names(nodes, models)
+    node_args = [arg for name in names for arg in ("--node", f"{name}:{CLUSTER_NODE}")]
+    started = program.logged(["bash", str(CLUSTER_SH), "start", *node_args], shown="cluster.sh start", timeout=900, env=cluster)
+    printed = dict(line.split("=", 1) for line in started.stdout.splitlines() if "=" in line)
+    kubeconfig, kubectl = printed["KUBECONFIG"], f"{printed['GS_CLUSTER_BIN']}/kubectl"
+    try:
+        log = work / "ssh-cluster.jsonl"
+        with ssh_standin(names, log) as ports:
+            raw = cluster_config(nodes, models, ports, kubeconfig)
+            stack = f"fleet-{nodes}x{models}-cluster"
+            secrets_given = {name: f"bench-{name}" for name in parse(raw).secret_keys()} | {"sshPrivateKey": key}
+            program.new_stack(stack, raw, secrets_given)
+            up = sample(program, ("up", "--yes", "--skip-preview"), stack, work / "hook-cluster.jsonl")
+            first = read_log(log)
+            noop = sample(program, ("up", "--yes", "--skip-preview", "--expect-no-changes"), stack, work / "hook-cluster.jsonl")
+            server = json.loads(program.logged([kubectl, "--kubeconfig", kubeconfig, "version", "-o", "json"],
+                                               shown="kubectl version", check=False).stdout or "{}")
+            return ClusterResult(
+                nodes, models, len(json.loads(program.pulumi("stack", "export", stack=stack).stdout)["deployment"]["resources"]),
+                server.get("serverVersion", {}).get("gitVersion", "?"), up.seconds, noop.seconds,
+                len(read_log(log)) - len(first), program.last_update_changes(stack),
+                disk_chains_overlapping(first, up.window), state_mib(program, stack))
+    finally:
+        program.logged(["bash", str(CLUSTER_SH), "stop"], shown="cluster.sh stop", check=False, timeout=300, env=cluster)
+
+
+def cluster_markdown(result: ClusterResult) -> str:
+    same = result.noop_changes.get("same", 0)
+    return "\n".join([
+        f"#### {result.label} on the loopback cluster",
+        "",
+        f"The same stack against a real API server instead of YAML ({result.server}, controllers and scheduler, "
+        f"{result.nodes} kwok nodes standing in for kubelets: they mark pods Ready and Job pods complete; no ingress "
+        "controller, so the models go without their Ingress), every object created and awaited as on a real cluster, "
+        "one run each:",
+        "",
+        "| command | seconds | what happened |",
+        "|---|---|---|",
+        f"| first `pulumi up` | {result.up_seconds:.1f} | {result.resources} resources; the disk steps of "
+        f"**{result.up_overlap}** of {result.nodes} nodes ran side by side |",
+        f"| no-op `pulumi up --expect-no-changes` | {result.noop_seconds:.1f} | **{result.noop_commands} Commands** ran; "
+        f"changes {json.dumps(result.noop_changes, sort_keys=True)} ({same} the same) |",
+        "",
+        f"The state after the first `up`: {result.state_mib:.1f} MiB.",
+    ])
 
 
 # ---------------------------------------------------------------------------- where the time goes
@@ -611,12 +704,18 @@ def chart(rows: list[SizeResult], path: Path) -> None:
 # ---------------------------------------------------------------------------- the section
 
 
+def fleet_key(work: Path) -> str:
+    """A throwaway SSH key for the stand-in hosts (which let anyone in), made once per work folder."""
+    key_file = work / "fleet-key"
+    if not key_file.exists():
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key_file)], check=True)
+    return key_file.read_text()
+
+
 def fleet(program: Run, bare: Run, sizes: list[tuple[int, int]], runs: int, work: Path,
           *, profile: bool) -> tuple[list[SizeResult], Profile | None]:
     """Every size, smallest first; then the profile of the largest preview."""
-    key_file = work / "fleet-key"
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key_file)], check=True)
-    key = key_file.read_text()
+    key = fleet_key(work)
     rows = []
     for nodes, models in sizes:
         print(f"fleet {nodes}x{models}: preview, up, no-op up, {runs} runs each", flush=True)

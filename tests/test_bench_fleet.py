@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from components.node import RUNTIME_STEP
+from stacks.config import parse
 from testbed import bench_fleet
 from testbed.bench import generated_stack
 from testbed.bench_fleet import Pair, Sample, Shape, SizeResult
@@ -260,6 +261,28 @@ def test_report_shows_the_engines_cpu_shares_when_profiled() -> None:
                                   bench_fleet.engine_parts(PPROF_TOP))
     report = bench_fleet.markdown(rows, profile, 1, "pulumi v0", None)
     assert "| saving the whole state after each step (SnapshotManager.saveSnapshot) | 17.02 | 82% |" in report
+
+
+def test_the_cluster_run_is_the_generated_stack_without_what_no_controller_here_serves() -> None:
+    ports = {name: 20000 + i for i, name in enumerate(bench_fleet.node_names(3, 5))}
+    raw = bench_fleet.cluster_config(3, 5, ports, "/tmp/kubeconfig")
+    config = parse(raw)  # still a stack the program takes
+    assert [m.name for m in config.models] == [f"model-{i:03d}" for i in range(5)]
+    assert all(m.ingress is None for m in config.models)
+    assert raw["cluster"] == {"namespace": "bench", "kubeconfig": {"path": "/tmp/kubeconfig"}}
+    assert [(n["ssh"]["host"], n["ssh"]["port"]) for n in raw["nodes"]] == [("127.0.0.1", 20000 + i) for i in range(3)]
+    gpus, cpu, memory = bench_fleet.CLUSTER_NODE.split(":")
+    assert max(n.gpu.count for n in config.nodes) <= int(gpus)
+    largest = generated_stack(100, 32)["config"]["gpu-serving:nodes"]
+    assert max(n["gpu"]["count"] for n in largest) <= int(gpus)
+
+
+def test_cluster_report_says_what_ran_and_what_the_no_op_did() -> None:
+    result = bench_fleet.ClusterResult(32, 100, 1400, "v1.37.2", 300.0, 40.0, 0, {"same": 1400}, 32, 12.5)
+    report = bench_fleet.cluster_markdown(result)
+    assert "#### 32 × 100 on the loopback cluster" in report
+    assert "| first `pulumi up` | 300.0 | 1400 resources; the disk steps of **32** of 32 nodes ran side by side |" in report
+    assert "**0 Commands** ran; changes {\"same\": 1400} (1400 the same)" in report
 
 
 def test_growth_needs_three_sizes() -> None:
