@@ -4,7 +4,7 @@ import pulumi
 
 import stacks
 from components.cluster import ClusterArgs, ClusterBase, applied_annotations, kubernetes_provider
-from components.node import gpu_nodes
+from components.node import gpu_nodes, labelled_for
 from components.prerequisites import warn_missing
 from components.serving import VllmService, VllmServiceArgs, adapter_rules, needs_adapter_rules, reference_grant
 from components.storage import ModelStorage, ModelStorageArgs
@@ -63,7 +63,7 @@ services = [
             api_key=stacks.secret(model.api_key_secret) if model.api_key_secret and config.writes_secrets else None,
             rollout_salt=stacks.secret(ROLLOUT_SALT_SECRET) if config.rolls_on_api_key else None,
             namespace=cluster.namespace,
-            after=tuple(cluster.serving_needs),
+            after=(*cluster.serving_needs, *labelled_for(nodes, model.gpu_product)),
         ),
         opts=kubernetes,
     )

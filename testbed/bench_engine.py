@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     chart = args.out.parent / bench_fleet.CHART
     bench_fleet.chart(rows, chart)
     report = markdown(resources, preview, lab, noop, versions, args.runs)
-    fleet = bench_fleet.markdown(rows, profile, args.runs, versions, chart.name)
+    fleet = bench_fleet.markdown(rows, profile, args.runs, versions, chart.name, None if args.quick else CLUSTER_NAME)
     args.out.write_text(f"{report}\n\n{fleet}\n")
     raw = BENCH_OUT / "benchmarks-engine-fleet.json"  # the figures behind the section, to read or re-render
     raw.parent.mkdir(exist_ok=True)

@@ -391,7 +391,8 @@ def cluster_markdown(result: ClusterResult) -> str:
         "",
         "| command | seconds | what happened |",
         "|---|---|---|",
-        f"| first `pulumi up` | {result.up_seconds:.1f} | {result.resources} resources; the disk steps of "
+        f"| first `pulumi up` | {result.up_seconds:.1f} | {result.resources} resources in the state (providers included); "
+        "the disk steps of "
         f"**{result.up_overlap}** of {result.nodes} nodes ran side by side |",
         f"| no-op `pulumi up --expect-no-changes` | {result.noop_seconds:.1f} | **{result.noop_commands} Commands** ran; "
         f"changes {json.dumps(result.noop_changes, sort_keys=True)} ({same} the same) |",
@@ -592,7 +593,8 @@ def fmt(pair: Pair) -> tuple[str, str]:
     return f"{pair.seconds('ours'):.2f} / {pair.seconds('bare'):.2f}", f"**{pair.ratio:.2f}×**"
 
 
-def markdown(rows: list[SizeResult], profile: Profile | None, runs: int, versions: str, chart: str | None) -> str:
+def markdown(rows: list[SizeResult], profile: Profile | None, runs: int, versions: str, chart: str | None,
+             cluster_file: str | None = None) -> str:
     largest = rows[-1]
     lines = [
         "### Fleet scale: generated stacks on the real engine",
@@ -636,6 +638,8 @@ def markdown(rows: list[SizeResult], profile: Profile | None, runs: int, version
         "whole state after every step of an `up`, waiting for each write, so an `up` costs about resources × state size "
         "more than a preview; the profile below measures it.",
     ]
+    if cluster_file:
+        lines.append(f"- The largest stack against the loopback cluster instead of YAML: [{cluster_file}]({cluster_file}).")
     if chart:
         lines += ["", f"![real-engine time against stack size]({chart})"]
     if profile is not None:

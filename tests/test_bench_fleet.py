@@ -90,6 +90,26 @@ def test_node_steps_of_different_nodes_wait_only_on_the_runtime_chain(without_ru
         assert direct == ({runtime[previous[-1]]} if previous else set())
 
 
+def test_a_models_deployment_waits_for_the_labels_of_the_nodes_it_selects_and_no_node_waits_for_a_model(tmp_path: Path) -> None:
+    # Without it a fleet's first up stalled: 8 Deployments awaiting pods no unlabelled node would take held
+    # all 8 of the engine's slots, and the node steps that label the nodes waited behind them.
+    document = generated_stack(3, 3)
+    document["config"]["gpu-serving:nodes"][2]["gpu"]["product"] = "nvidia-l4"
+    document["config"]["gpu-serving:models"][2]["gpuProduct"] = "nvidia-l4"
+    stack_file = tmp_path / "Pulumi.fleet.yaml"
+    stack_file.write_text(yaml.safe_dump(document))
+    render = run_program("fleet", stack_file=stack_file)
+    patches = {r.name.removesuffix("-gpu"): r.urn for r in render.of_type("kubernetes:core/v1:NodePatch")}
+    deployments = {r.name.removesuffix("-deployment"): r for r in render.of_type("kubernetes:apps/v1:Deployment")}
+    assert sorted(patches) == ["gpu-00", "gpu-01", "gpu-02"] and len(deployments) == 3
+    for model, nodes in (("model-000", {"gpu-00", "gpu-01"}), ("model-001", {"gpu-00", "gpu-01"}), ("model-002", {"gpu-02"})):
+        direct = set(deployments[model].options.get("dependsOn", []))
+        assert {n for n, urn in patches.items() if urn in direct} == nodes, model
+    waits = waits_for(render)
+    for command in render.of_type("command:remote:Command"):
+        assert not waits[command.urn] & {d.urn for d in deployments.values()}, command.name
+
+
 # ---------------------------------------------------------------------------- the SSH stand-in
 
 
@@ -271,7 +291,7 @@ def test_the_cluster_run_is_the_generated_stack_without_what_no_controller_here_
     assert all(m.ingress is None for m in config.models)
     assert raw["cluster"] == {"namespace": "bench", "kubeconfig": {"path": "/tmp/kubeconfig"}}
     assert [(n["ssh"]["host"], n["ssh"]["port"]) for n in raw["nodes"]] == [("127.0.0.1", 20000 + i) for i in range(3)]
-    gpus, cpu, memory = bench_fleet.CLUSTER_NODE.split(":")
+    gpus = bench_fleet.CLUSTER_NODE.split(":")[0]
     assert max(n.gpu.count for n in config.nodes) <= int(gpus)
     largest = generated_stack(100, 32)["config"]["gpu-serving:nodes"]
     assert max(n["gpu"]["count"] for n in largest) <= int(gpus)
@@ -281,7 +301,8 @@ def test_cluster_report_says_what_ran_and_what_the_no_op_did() -> None:
     result = bench_fleet.ClusterResult(32, 100, 1400, "v1.37.2", 300.0, 40.0, 0, {"same": 1400}, 32, 12.5)
     report = bench_fleet.cluster_markdown(result)
     assert "#### 32 × 100 on the loopback cluster" in report
-    assert "| first `pulumi up` | 300.0 | 1400 resources; the disk steps of **32** of 32 nodes ran side by side |" in report
+    assert ("| first `pulumi up` | 300.0 | 1400 resources in the state (providers included); "
+            "the disk steps of **32** of 32 nodes ran side by side |") in report
     assert "**0 Commands** ran; changes {\"same\": 1400} (1400 the same)" in report
 
 

@@ -88,6 +88,10 @@ def test_preview_runs_only_with_secrets_and_applies_the_policy_pack() -> None:
     assert pulumi["with"]["comment-on-pr"] is True
     assert pulumi["with"]["stack-name"] == "prod"
     assert pulumi["env"]["PULUMI_CONFIG_PASSPHRASE"] == "${{ secrets.PULUMI_CONFIG_PASSPHRASE }}"
+    # Only the preview skips the per-step state writes: it has no state to lose; an up keeps them.
+    assert pulumi["env"]["PULUMI_SKIP_CHECKPOINTS"] == "true"
+    deploy = next(s for s in load("deploy.yml")["jobs"]["up"]["steps"] if s.get("uses", "").startswith("pulumi/actions@"))
+    assert "PULUMI_SKIP_CHECKPOINTS" not in deploy.get("env", {})
 
 
 def test_deploy_is_behind_an_environment_on_merge_to_main() -> None:

@@ -49,7 +49,8 @@ class VllmServiceArgs:
     """The namespace as ClusterBase.namespace (the Namespace resource's output), so every object is
     created after the Namespace; None: `cluster.namespace` as a plain string (no ordering)."""
     after: tuple[pulumi.Resource, ...] = ()
-    """Cluster-wide objects the serving pods need first (ClusterBase.serving_needs: the PriorityClass)."""
+    """What the serving pods need first: cluster-wide objects (ClusterBase.serving_needs: the PriorityClass)
+    and the label patches of the nodes they select (components.node.labelled_for)."""
 
 
 def credentials_note(model: Model, namespace: str) -> str:
