@@ -77,7 +77,9 @@ class VmError(RuntimeError):
 
 
 class SshError(subprocess.CalledProcessError):
-    """A command run over SSH exited non-zero; str() includes its output."""
+    """A command run over SSH exited non-zero; str() includes its output (and ``report``, if set)."""
+
+    report = ""
 
     def __str__(self) -> str:
         def tail(s: str | bytes | None) -> str:
@@ -95,6 +97,7 @@ class SshError(subprocess.CalledProcessError):
             f"guest command exited {self.returncode}: {cmd}\n"
             f"--- stdout (tail) ---\n{tail(self.stdout)}\n"
             f"--- stderr (tail) ---\n{tail(self.stderr)}"
+            + (f"\n{self.report}" if self.report else "")
         )
 
 
@@ -646,6 +649,22 @@ class Vm:
                 lines = ["(missing)"]
             parts.append(f"--- {label} ({path}), tail ---\n" + "\n".join(lines))
         return "\n".join(parts)
+
+    def guest_report(self) -> str:
+        """For a failure message: the guest kernel's warnings, the by-id links and /proc/mdstat.
+
+        The serial log cannot tell: Debian lowers the console's log level, so a disk that the
+        kernel dropped (an NVMe reset that failed, a hot-plug slot powered off) shows only here.
+        """
+        script = (
+            "dmesg --level=emerg,alert,crit,err,warn | tail -n 40; echo '--- /dev/disk/by-id'; ls /dev/disk/by-id;"
+            " echo '--- /proc/mdstat'; cat /proc/mdstat"
+        )
+        try:
+            result = self.ssh(script, check=False, timeout=60)
+        except subprocess.TimeoutExpired:
+            return "--- guest report: the guest did not answer within 60 s"
+        return f"--- guest report (exit {result.returncode}) ---\n{result.stdout}{result.stderr}"
 
     def boot_id(self) -> str:
         return self.ssh("cat /proc/sys/kernel/random/boot_id").stdout.strip()

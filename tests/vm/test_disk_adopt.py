@@ -43,7 +43,7 @@ def up(vm: Vm, steps: dict[str, str], names: list[str] = ORDER) -> dict[str, dic
     reports = {}
     for name in names:
         result = vm.ssh(steps[name], check=False, timeout=900)
-        assert result.returncode == 0, (name, result.stdout, result.stderr)
+        assert result.returncode == 0, (name, result.stdout, result.stderr, vm.guest_report())
         reports[name] = json.loads([line for line in result.stdout.splitlines() if line.startswith("{")][-1])
     return reports
 

@@ -100,6 +100,16 @@ def test_ssh_helpers(vm: Vm, tmp_path: Path) -> None:
     assert vm.host == "127.0.0.1" and vm.user == "root" and vm.port > 0 and vm.key_path.is_file()
 
 
+def test_guest_report_names_the_disks_the_guest_still_has(vm: Vm) -> None:
+    # What a failed step's message carries: a disk the kernel dropped is missing from this list.
+    kernel_log = vm.ssh("echo 'gs-harness: a warning' > /dev/kmsg").returncode
+    report = vm.guest_report()
+    links = report.split("--- /dev/disk/by-id\n", 1)[1].split("--- /proc/mdstat", 1)[0].split()
+    assert kernel_log == 0 and "gs-harness: a warning" in report.split("--- /dev/disk/by-id", 1)[0]
+    assert Vm.by_id(DISK_A).rsplit("/", 1)[1] in links and Vm.by_id(DISK_B).rsplit("/", 1)[1] in links
+    assert "Personalities :" in report.split("--- /proc/mdstat", 1)[1]
+
+
 def test_checksum_regions_detects_a_changed_byte(tmp_path: Path) -> None:
     f = tmp_path / "d.raw"
     with open(f, "wb") as fh:

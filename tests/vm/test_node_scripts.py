@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 from fakes import FAKE_K3S_START, fake_k3s_unit, install_fake_containerd
-from harness import Vm, make_os_like_layout, os_layout_sha256s
+from harness import SshError, Vm, make_os_like_layout, os_layout_sha256s
 from steps import prod_node, rendered_steps
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -60,7 +60,12 @@ def render_steps(size_gb: int, deployed: dict[str, Any] | None = None, runtime: 
 
 def run(vm: Vm, text: str, *, check: bool = True, timeout: float = 900):
     """Like pulumi_command: the script text is the SSH command."""
-    return vm.ssh(text, check=check, timeout=timeout)
+    result = vm.ssh(text, check=False, timeout=timeout)
+    if check and result.returncode != 0:
+        error = SshError(result.returncode, text, result.stdout, result.stderr)
+        error.report = vm.guest_report()
+        raise error
+    return result
 
 
 def report(stdout: str) -> dict[str, Any]:
