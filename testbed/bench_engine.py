@@ -1,8 +1,8 @@
 """make bench-engine: the program's cost under the real Pulumi engine, into bench-out/benchmarks-engine.md.
 
-    python -m testbed.bench_engine                 # make bench-engine (needs make engine; boots the lab VM)
+    python -m testbed.bench_engine                 # make bench-engine (needs make engine; boots lab VMs)
     python -m testbed.bench_engine --update-docs   # into docs/ (tracked); --out F: elsewhere
-    python -m testbed.bench_engine --quick         # 1 run, fleet sizes 1×1 and 2×3, no VM (~2 min): checks
+    python -m testbed.bench_engine --quick         # 1 run, fleet sizes 1×1 and 2×3, no VM (~3 min): checks
                                                    # the benchmark works, figures too noisy to publish
 
 Measured in one run, so the ratios hold on any machine:
@@ -11,7 +11,10 @@ Measured in one run, so the ratios hold on any machine:
 - `pulumi up` with nothing to do, of the lab stack (its node is a throwaway VM) against the bare
   program again;
 - fleet scale (testbed/bench_fleet.py): generated stacks of 1×1, 8×16 and 32×100 nodes × models,
-  preview, up and no-op up against a bare program, the largest preview profiled, and a chart.
+  preview, up and no-op up against a bare program, the largest preview profiled, and a chart; then
+  the same with PULUMI_SKIP_CHECKPOINTS=true (as pull requests preview), previews also against a
+  replay of our resources (testbed/bench_replay.py), into a file of its own;
+- node steps of two lab VMs under one `pulumi up`, and under `--parallel 1` (testbed/bench_parallel.py).
 `make bench` includes the file this writes.
 """
 
@@ -30,13 +33,19 @@ import time
 from pathlib import Path
 from typing import Any
 
-from testbed import bench_fleet
+from testbed import bench_fleet, bench_parallel, bench_replay
 from testbed.bench import BENCH_OUT, output_folder
 from testbed.e2e.run import Run, copy_project, engine_env, rendering, stack_raw
 from tools.render import run_program
 
 NAME = "benchmarks-engine.md"
 CLUSTER_NAME = "benchmarks-engine-cluster.md"
+SKIP_NAME = "benchmarks-engine-skip-checkpoints.md"
+VMS_NAME = "benchmarks-engine-two-vms.md"
+LINKS = (("The largest stack against the loopback cluster instead of YAML", CLUSTER_NAME),
+         ("Node steps of two real machines (lab VMs) at once", VMS_NAME),
+         ("The same stacks with `PULUMI_SKIP_CHECKPOINTS=true`, as pull requests preview them", SKIP_NAME))
+SKIP_CHART = "benchmarks-engine-scaling-skip-checkpoints.png"
 BARE_PROGRAM = '''\
 import pulumi
 import pulumi_command as command
@@ -118,6 +127,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cluster-only", action="store_true",
                         help=f"only the largest size's up on the loopback cluster, into {CLUSTER_NAME} beside --out "
                              "(a full run does it after the rest)")
+    parser.add_argument("--two-vms-only", action="store_true",
+                        help=f"only the node steps of two lab VMs under one up, into {VMS_NAME} beside --out "
+                             "(a full run does it after the cluster)")
+    parser.add_argument("--skip-checkpoints-only", action="store_true",
+                        help=f"only the fleet section with PULUMI_SKIP_CHECKPOINTS=true, into {SKIP_NAME} beside --out "
+                             "(every run does it after the rest)")
     args = parser.parse_args(argv)
     args.runs = args.runs or (1 if args.quick else 5)
     args.sizes = args.sizes or (bench_fleet.QUICK_SIZES if args.quick else bench_fleet.SIZES)
@@ -127,6 +142,12 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.cluster_only:
         return cluster_only(args)
+    if args.skip_checkpoints_only:
+        skip_checkpoints(args)
+        return 0
+    if args.two_vms_only:
+        two_vms(args)
+        return 0
     tmp, program = scratch()
     env = program.env
     bare = Run(tmp / "bare-run", env, tmp)
@@ -134,8 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     vm = None if args.quick else Vm(tmp / "vm", DEFAULT_DISKS, image=ensure_image())
     lab = noop = None
     try:
-        versions = ", ".join(f"{k} {v}" for k, v in (("pulumi", program.pulumi("version").stdout.strip()),
-                                                     ("kubernetes", env["KUBERNETES_VERSION"]), ("command", env["COMMAND_VERSION"])))
+        versions = engine_versions(program)
         prod = rendering(stack_raw("prod"), tmp / "yaml-prod")
         # Two roles may not share a value (the program refuses it): distinct placeholders, never dialled by a preview.
         program.new_stack("prod", prod, {"sshPrivateKey": "unused-private-key", "sshHostKeyWorker02": "unused-host-key"})
@@ -162,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     chart = args.out.parent / bench_fleet.CHART
     bench_fleet.chart(rows, chart)
     report = markdown(resources, preview, lab, noop, versions, args.runs)
-    fleet = bench_fleet.markdown(rows, profile, args.runs, versions, chart.name, None if args.quick else CLUSTER_NAME)
+    fleet = bench_fleet.markdown(rows, profile, args.runs, versions, chart.name, LINKS[2:] if args.quick else LINKS)
     args.out.write_text(f"{report}\n\n{fleet}\n")
     raw = BENCH_OUT / "benchmarks-engine-fleet.json"  # the figures behind the section, to read or re-render
     raw.parent.mkdir(exist_ok=True)
@@ -172,14 +192,62 @@ def main(argv: list[str] | None = None) -> int:
     print(f"wrote {args.out} and {chart.name}: prod preview {preview[0] / preview[1]:.2f}x the bare program; "
           f"{largest.label}: preview {largest.preview.ratio:.2f}x, up {largest.up.ratio:.2f}x, no-op up {largest.noop.ratio:.2f}x, "
           f"{largest.noop_commands} Commands run by the no-op ups")
+    if not args.quick:
+        two_vms(args)
+    skip_checkpoints(args)
     return 0
 
 
-def scratch() -> tuple[Path, Run]:
-    """A temporary project copy with its own file backend, and the Run that drives the engine in it."""
+def two_vms(args: argparse.Namespace) -> None:
+    """testbed/bench_parallel.py in a scratch of its own: into VMS_NAME beside --out."""
+    tmp, program = scratch()
+    try:
+        runs = bench_parallel.measure(program, tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    out = args.out.parent / VMS_NAME
+    out.write_text(bench_parallel.markdown(runs) + "\n")
+    print(f"wrote {out}: " + "; ".join(f"--parallel {up.parallel}: both VMs ran a step for {up.together:.0f} of {up.seconds:.0f} s"
+                                         for up in runs))
+
+
+def skip_checkpoints(args: argparse.Namespace) -> None:
+    """The fleet section again, every command with PULUMI_SKIP_CHECKPOINTS=true (as `preview.yml` previews), in a
+    scratch of its own, previews also against the replay (testbed/bench_replay.py): into SKIP_NAME and SKIP_CHART
+    beside --out."""
+    tmp, program = scratch(bench_fleet.SKIP_CHECKPOINTS)
+    try:
+        versions = engine_versions(program)
+        bare = Run(tmp / "fleet-bare-run", program.env, tmp)
+        bench_fleet.bare_project(bare.project)
+        replay = Run(tmp / "fleet-replay-run", program.env, tmp)
+        bench_fleet.bare_project(replay.project, bench_replay.PROGRAM)
+        rows, profile = bench_fleet.fleet(program, bare, args.sizes, args.runs, tmp, profile=True, replay=replay)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    chart = args.out.parent / SKIP_CHART
+    bench_fleet.chart(rows, chart, "Real engine, PULUMI_SKIP_CHECKPOINTS=true: generated stacks against a bare program")
+    out = args.out.parent / SKIP_NAME
+    out.write_text(bench_fleet.markdown(rows, profile, args.runs, versions, chart.name, skip_checkpoints=True) + "\n")
+    largest = rows[-1]
+    print(f"wrote {out} and {chart.name}: with PULUMI_SKIP_CHECKPOINTS=true, {largest.label}: preview "
+          f"{largest.preview.ratio:.2f}x, up {largest.up.ratio:.2f}x, no-op up {largest.noop.ratio:.2f}x the bare program; "
+          f"preview {largest.replay.ratio if largest.replay else 0:.2f}x the replay")
+
+
+def engine_versions(program: Run) -> str:
+    env = program.env
+    return ", ".join(f"{k} {v}" for k, v in (("pulumi", program.pulumi("version").stdout.strip()),
+                                             ("kubernetes", env["KUBERNETES_VERSION"]), ("command", env["COMMAND_VERSION"])))
+
+
+def scratch(extra: dict[str, str] | None = None) -> tuple[Path, Run]:
+    """A temporary project copy with its own file backend, and the Run that drives the engine in it (with `extra`
+    in its environment)."""
     tmp = Path(tempfile.mkdtemp(prefix="gs-bench-engine-"))
-    env = bench_fleet.bench_env({**os.environ, **engine_env(), "PULUMI_BACKEND_URL": f"file://{tmp / 'state'}",
-                                 "PULUMI_CONFIG_PASSPHRASE": secrets.token_urlsafe(24)}, tmp)
+    inherited = {key: value for key, value in os.environ.items() if key not in bench_fleet.SKIP_CHECKPOINTS}
+    env = bench_fleet.bench_env({**inherited, **engine_env(), "PULUMI_BACKEND_URL": f"file://{tmp / 'state'}",
+                                 "PULUMI_CONFIG_PASSPHRASE": secrets.token_urlsafe(24), **(extra or {})}, tmp)
     env.pop("SSH_AUTH_SOCK", None)
     (tmp / "state").mkdir()
     (tmp / "project").mkdir()

@@ -52,6 +52,10 @@ HOOK = ROOT / "testbed" / "bench_hook"
 SYSTEM_PYTHON = os.environ.get("GS_SYSTEM_PYTHON", "/usr/bin/python3")
 """Debian's python3, which has python3-asyncssh for the SSH stand-in."""
 CHART = "benchmarks-engine-scaling.png"
+REPLAYED = "replay.json"
+"""What the offline render declares, for testbed/bench_replay.py (written by `shape_of`)."""
+SKIP_CHECKPOINTS = {"PULUMI_SKIP_CHECKPOINTS": "true"}
+"""The CLI writes the state once, at the end, instead of after every step (README "A large fleet")."""
 
 BARE_PROGRAM = '''\
 import json
@@ -129,6 +133,8 @@ class SizeResult:
     """The most nodes whose disk steps ran side by side during one of our first ups (median of the runs)."""
     state_mib: tuple[float, float] = (0.0, 0.0)
     """The size of the state file after the last first up (ours, bare): what the file backend writes after every step."""
+    replay: Pair | None = None
+    """Previews of ours against the payload-equivalent bare program (testbed/bench_replay.py), when measured."""
 
     @property
     def label(self) -> str:
@@ -152,13 +158,13 @@ def node_names(nodes: int, models: int) -> list[str]:
 
 
 def shape_of(raw: dict[str, Any], work: Path) -> Shape:
-    """The offline render's count (`python -m tools.render`, as testbed.bench counts)."""
+    """What the offline render declares, counted from the file it writes for the replaying program
+    (`python -m testbed.bench_replay`, into work/replay.json)."""
     stack_file = work / "Pulumi.shape.yaml"
     stack_file.write_text(stack_yaml({"config": {f"gpu-serving:{key}": value for key, value in raw.items()}}))
-    out = work / "shape-render"
-    subprocess.run([sys.executable, "-m", "tools.render", "bench", "--stack-file", str(stack_file), "--out", str(out)],
+    subprocess.run([sys.executable, "-m", "testbed.bench_replay", str(stack_file), str(work / REPLAYED)],
                    cwd=ROOT, check=True, capture_output=True, timeout=600)
-    resources = json.loads((out / "resources.json").read_text())
+    resources = json.loads((work / REPLAYED).read_text())
     return Shape(resources=len(resources), components=sum(1 for r in resources if not r["custom"]),
                  commands=sum(1 for r in resources if r["type"] == "command:remote:Command"))
 
@@ -253,9 +259,10 @@ def ssh_standin(nodes: list[str], log: Path) -> Iterator[dict[str, int]]:
 
 
 def measure_size(nodes: int, models: int, program: Run, bare: Run, runs: int, key: str, work: Path,
-                 warm_up: bool = False) -> SizeResult:
-    """Preview, first up (a new stack each run) and no-op up of one size, ours against bare. `warm_up`: an
-    untimed preview of each first, which writes the bytecode caches every later run reads (see `bench_env`)."""
+                 warm_up: bool = False, replay: Run | None = None) -> SizeResult:
+    """Preview, first up (a new stack each run) and no-op up of one size, ours against bare; with `replay` (a
+    project for testbed/bench_replay.py), previews against it too. `warm_up`: an untimed preview of each first,
+    which writes the bytecode caches every later run reads (see `bench_env`)."""
     name = f"fleet-{nodes}x{models}"
     folder = work / name
     folder.mkdir()
@@ -282,6 +289,11 @@ def measure_size(nodes: int, models: int, program: Run, bare: Run, runs: int, ke
             program.pulumi("preview", stack=previews[0], timeout=3600)
             bare.pulumi("preview", stack=previews[1], timeout=3600)
         preview = alternate((program, ("preview",), previews[0]), (bare, ("preview",), previews[1]), runs, folder)
+        replayed = None
+        if replay is not None:
+            replay_stack = replay_of(replay, name, folder)
+            replay.pulumi("preview", stack=replay_stack, timeout=3600)  # untimed, as the others' first
+            replayed = alternate((program, ("preview",), previews[0]), (replay, ("preview",), replay_stack), runs, folder)
         up = alternate((program, ("up", "--yes", "--skip-preview"), our_stack),
                        (bare, ("up", "--yes", "--skip-preview"), bare_stack), runs, folder)
         first_up_sessions = read_log(log)
@@ -291,14 +303,23 @@ def measure_size(nodes: int, models: int, program: Run, bare: Run, runs: int, ke
                          (bare, ("up", "--yes", "--skip-preview", "--expect-no-changes"), f"{name}-bare-{last}"), runs, folder)
         noop_changes = program.last_update_changes(f"{name}-{last}")
         ran_by_noop = len(read_log(log)) - len(first_up_sessions)
-        state = state_mib(program, f"{name}-{last}"), state_mib(bare, f"{name}-bare-{last}")
-    return SizeResult(nodes, models, shape, preview, up, noop, ran_by_noop, noop_changes, side_by_side, state)
+        state = exported(program, f"{name}-{last}")[1], exported(bare, f"{name}-bare-{last}")[1]
+    return SizeResult(nodes, models, shape, preview, up, noop, ran_by_noop, noop_changes, side_by_side, state, replayed)
 
 
-def state_mib(run: Run, stack: str) -> float:
-    """The size of a stack's state file on the run's file backend (`pulumi stack export` writes the same JSON)."""
-    exported = run.pulumi("stack", "export", stack=stack, timeout=600).stdout
-    return len(exported.encode()) / 2**20
+def replay_of(replay: Run, name: str, folder: Path) -> str:
+    """A stack of the replaying program declaring what `shape_of` found in `folder`; its name."""
+    stack = f"{name}-replay"
+    replay.pulumi("stack", "init", stack, "--secrets-provider", "passphrase")
+    replay.pulumi("config", "set", "resources", str(folder / REPLAYED), stack=stack)
+    return stack
+
+
+def exported(run: Run, stack: str) -> tuple[int, float]:
+    """(resources in the state, providers included; the state file's size in MiB) of a stack on the run's file
+    backend (`pulumi stack export` writes the same JSON)."""
+    text = run.pulumi("stack", "export", stack=stack, timeout=600).stdout
+    return len(json.loads(text)["deployment"].get("resources") or []), len(text.encode()) / 2**20
 
 
 def disk_chains_overlapping(sessions: list[dict[str, Any]], window: tuple[float, float]) -> int:
@@ -370,11 +391,11 @@ def cluster_up(program: Run, nodes: int, models: int, key: str, work: Path) -> C
             noop = sample(program, ("up", "--yes", "--skip-preview", "--expect-no-changes"), stack, work / "hook-cluster.jsonl")
             server = json.loads(program.logged([kubectl, "--kubeconfig", kubeconfig, "version", "-o", "json"],
                                                shown="kubectl version", check=False).stdout or "{}")
+            in_state, mib = exported(program, stack)
             return ClusterResult(
-                nodes, models, len(json.loads(program.pulumi("stack", "export", stack=stack).stdout)["deployment"]["resources"]),
-                server.get("serverVersion", {}).get("gitVersion", "?"), up.seconds, noop.seconds,
+                nodes, models, in_state, server.get("serverVersion", {}).get("gitVersion", "?"), up.seconds, noop.seconds,
                 len(read_log(log)) - len(first), program.last_update_changes(stack),
-                disk_chains_overlapping(first, up.window), state_mib(program, stack))
+                disk_chains_overlapping(first, up.window), mib)
     finally:
         program.logged(["bash", str(CLUSTER_SH), "stop"], shown="cluster.sh stop", check=False, timeout=300, env=cluster)
 
@@ -502,7 +523,7 @@ def program_parts(project: Path) -> tuple[Any, str]:
 # Where the CLI's CPU goes in an `up`, by the cumulative time of these functions in its Go profile
 # (`pulumi up --profiling`, read with `go tool pprof -top -cum`).
 ENGINE_PARTS = (
-    ("saving the whole state after each step (SnapshotManager.saveSnapshot)", "backend.(*SnapshotManager).saveSnapshot"),
+    ("saving the whole state (SnapshotManager.saveSnapshot)", "backend.(*SnapshotManager).saveSnapshot"),
     ("of which encoding it as JSON", "diy.compactJSONMarshaler.Marshal"),
     ("of which the MD5 sum of every write (the file backend's .attrs sidecar)", "crypto/md5.(*digest).Write"),
     ("of which copying the previous state to .bak", "diy.backupTarget"),
@@ -594,11 +615,17 @@ def fmt(pair: Pair) -> tuple[str, str]:
 
 
 def markdown(rows: list[SizeResult], profile: Profile | None, runs: int, versions: str, chart: str | None,
-             cluster_file: str | None = None) -> str:
+             links: tuple[tuple[str, str], ...] = (), skip_checkpoints: bool = False) -> str:
+    """The section's markdown; `links`: (what, file) of the measurements written beside it."""
     largest = rows[-1]
+    replayed = all(row.replay for row in rows)
     lines = [
+        "### Fleet scale with `PULUMI_SKIP_CHECKPOINTS=true`" if skip_checkpoints else
         "### Fleet scale: generated stacks on the real engine",
         "",
+        *(["Every command below ran with `PULUMI_SKIP_CHECKPOINTS=true`, ours and bare alike: the CLI writes the "
+           "state once, at the end, instead of after every step. That is how `preview.yml` runs a pull request's "
+           "preview; for `up` it is a trade (README, \"A large fleet\").", ""] if skip_checkpoints else []),
         f"Median of {runs} runs each, ours and bare alternating, on {machine()}; engine: {versions}. Generated as the "
         "offline scaling benchmark generates them (`testbed.bench.generated_stack`: NFS model storage, two disks per "
         "node), the Kubernetes provider writing YAML (`renderYamlTo`), every node's SSH host a stand-in that runs "
@@ -607,15 +634,15 @@ def markdown(rows: list[SizeResult], profile: Profile | None, runs: int, version
         "",
         "| nodes × models | resources (Commands) | preview: ours / bare (s) | ratio | `up`, new stack: ours / bare (s) | ratio "
         "| no-op `up`: ours / bare (s) | ratio | Commands run by the no-op ups | program's peak memory in preview: ours / bare (MiB) "
-        "| state after `up`: ours / bare (MiB) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| state after `up`: ours / bare (MiB) |" + (" preview: ours / the replay (s) | ratio |" if replayed else ""),
+        "|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if replayed else ""),
     ]
     for row in rows:
         lines.append(
             f"| {row.label} | {row.shape.resources} ({row.shape.commands}) | {' | '.join(fmt(row.preview))} | {' | '.join(fmt(row.up))} "
             f"| {' | '.join(fmt(row.noop))} | {row.noop_commands} "
             f"| {row.preview.peak_mib('ours'):.0f} / {row.preview.peak_mib('bare'):.0f} "
-            f"| {row.state_mib[0]:.1f} / {row.state_mib[1]:.1f} |")
+            f"| {row.state_mib[0]:.1f} / {row.state_mib[1]:.1f} |" + (f" {' | '.join(fmt(row.replay))} |" if row.replay else ""))
     slope = growth(rows)
     slopes = per_resource_above_smallest(rows)
     same = largest.noop_changes.get("same", 0)
@@ -627,6 +654,12 @@ def markdown(rows: list[SizeResult], profile: Profile | None, runs: int, version
         + ", ".join(f"{r.label}: {s:.1f}" for r, s in zip(rows, slopes, strict=True) if s is not None)
         + (f"; the largest over the next: **{slope:.2f}** (goal ≤ 1.2: {'met' if slope <= 1.2 else 'missed'})."
            if slope is not None else " (needs three sizes for the ratio)."),
+        *([f"- **Preview of {largest.label} against the replay: {largest.replay.ratio:.2f}×** (goal ≤ 1.3×: "
+           f"{'met' if largest.replay.ratio <= 1.3 else 'missed'}). The replay (`testbed/bench_replay.py`) is the other bare "
+           "program: it declares the very resources our program declares (types, names, parents, inputs, secrets, "
+           "options), read from a file, and does nothing else; what ours costs above it is our program itself (config, "
+           "placement, spec building, imports), what the small bare program saves beside it is the size of our objects."]
+          if largest.replay else []),
         f"- **No-op `up` of {largest.label}**: {largest.noop_commands} Commands ran (the stand-in's log), changes "
         f"{json.dumps(largest.noop_changes, sort_keys=True)} ({same} resources left the same; goal: 0 Commands, nothing changed).",
         f"- **Node steps in parallel**: during a first `up` of {largest.label}, the disk steps of **{largest.up_overlap}** of "
@@ -634,20 +667,22 @@ def markdown(rows: list[SizeResult], profile: Profile | None, runs: int, version
         f"the runs). The engine runs at most `--parallel` operations at once: 4 × the CPUs by default, {4 * (os.cpu_count() or 1)} here.",
         "- Peak memory is that of the process running `__main__.py` (`pulumi-language-python-exec`, measured at its exit "
         "by `testbed/bench_hook`), not the CLI's or the providers'.",
+        "- State: `pulumi stack export` of the last new stack's state, written once at the end of the `up`."
+        if skip_checkpoints else
         "- State: `pulumi stack export` of the last new stack's state. On a file (or any DIY) backend the CLI writes the "
         "whole state after every step of an `up`, waiting for each write, so an `up` costs about resources × state size "
         "more than a preview; the profile below measures it.",
     ]
-    if cluster_file:
-        lines.append(f"- The largest stack against the loopback cluster instead of YAML: [{cluster_file}]({cluster_file}).")
+    lines += [f"- {what}: [{file}]({file})." for what, file in links]
     if chart:
         lines += ["", f"![real-engine time against stack size]({chart})"]
     if profile is not None:
-        lines += profile_markdown(profile, largest.label)
+        lines += profile_markdown(profile, largest.label, "as above, the state written once at the end" if skip_checkpoints
+                                  else "the state on the file backend, as in every run above")
     return "\n".join(lines)
 
 
-def profile_markdown(profile: Profile, label: str) -> list[str]:
+def profile_markdown(profile: Profile, label: str, state: str) -> list[str]:
     lines = [
         "",
         f"#### Where the {label} preview's time goes",
@@ -672,7 +707,7 @@ def profile_markdown(profile: Profile, label: str) -> list[str]:
         lines += [
             "",
             f"The CLI's CPU in one more `up` of a new {label} stack (`pulumi up --profiling`, its Go CPU profile read with "
-            "`go tool pprof -top -cum`; the state on the file backend, as in every run above):",
+            f"`go tool pprof -top -cum`; {state}):",
             "",
             "| part | CPU seconds | share |",
             "|---|---|---|",
@@ -681,7 +716,7 @@ def profile_markdown(profile: Profile, label: str) -> list[str]:
     return lines
 
 
-def chart(rows: list[SizeResult], path: Path) -> None:
+def chart(rows: list[SizeResult], path: Path, title: str = "Real engine: generated stacks against a bare program") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -697,7 +732,7 @@ def chart(rows: list[SizeResult], path: Path) -> None:
     axis.set_xscale("log")
     axis.set_xlabel("resources declared (log scale)")
     axis.set_ylabel("wall time, s (median)")
-    axis.set_title("Real engine: generated stacks against a bare program")
+    axis.set_title(title)
     axis.grid(True, alpha=0.3)
     axis.legend(fontsize=8)
     figure.tight_layout()
@@ -717,13 +752,13 @@ def fleet_key(work: Path) -> str:
 
 
 def fleet(program: Run, bare: Run, sizes: list[tuple[int, int]], runs: int, work: Path,
-          *, profile: bool) -> tuple[list[SizeResult], Profile | None]:
+          *, profile: bool, replay: Run | None = None) -> tuple[list[SizeResult], Profile | None]:
     """Every size, smallest first; then the profile of the largest preview."""
     key = fleet_key(work)
     rows = []
     for nodes, models in sizes:
         print(f"fleet {nodes}x{models}: preview, up, no-op up, {runs} runs each", flush=True)
-        rows.append(measure_size(nodes, models, program, bare, runs, key, work, warm_up=not rows))
+        rows.append(measure_size(nodes, models, program, bare, runs, key, work, warm_up=not rows, replay=replay))
     found = None
     if profile:
         nodes, models = sizes[-1]
