@@ -272,6 +272,19 @@ def test_a_long_key_is_shortened_and_the_reason_kept(key: str) -> None:
     assert message.endswith("the README's config reference lists the keys") or message.endswith("runtimeClassName, prometheusUrl")
 
 
+@pytest.mark.parametrize("key", ["\x85", "a\u2028b", "\xa0x", "tab\tkey", "\u200b"])
+def test_a_key_of_invisible_or_spacing_characters_is_named_escaped(key: str) -> None:
+    # The one-line message folds whitespace; such a key would be shown as a space, or as nothing.
+    raw = prod_raw()
+    raw[key] = None
+    message = error_of(raw)
+    named = json.JSONDecoder().raw_decode(message)[0]
+    assert named == key and message[len(json.dumps(named)):].startswith(": unknown config key"), message
+    raw = prod_raw()
+    raw["cluster"][key] = None
+    assert json.JSONDecoder().raw_decode(error_of(raw), len("cluster."))[0] == key
+
+
 # --- a value YAML read as a number -------------------------------------------------------------
 
 @pytest.mark.parametrize(("key", "value"), [("models.0.revision", 8), ("models.0.revision", 1e40), ("nodes.0.name", 7)])

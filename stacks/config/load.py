@@ -246,7 +246,12 @@ def _key_name(key: Any) -> str:
     text = str(key)
     if len(text) > MAX_KEY:
         text = text[:MAX_KEY - 1] + "…"
-    return text if re.fullmatch(r"[A-Za-z0-9_-]+", text) else json.dumps(text, ensure_ascii=False)
+    if re.fullmatch(r"[A-Za-z0-9_-]+", text):
+        return text
+    # Escaped as JSON escapes them: what prints as nothing or as a space (U+0085, U+00A0, U+2028...)
+    # would otherwise vanish into the one-line message, and the key could not be found again.
+    return "".join(ch if ch.isprintable() and (ch == " " or not ch.isspace()) else json.dumps(ch)[1:-1]
+                   for ch in json.dumps(text, ensure_ascii=False))
 
 
 def _short(value: Any) -> str:
