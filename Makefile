@@ -84,10 +84,10 @@ checkers:
 	@bash testbed/checkers/build.sh >/dev/null
 
 test-vm: $(STAMP)
-	bash tests/vm/install-host-deps.sh
+	bash testbed/vm/install-host-deps.sh
 	GS_VM_TESTS=1 $(PY) -m pytest -q -n auto --dist loadfile --durations=20 tests/vm
 
-SHELL_SCRIPTS = $(wildcard components/node_scripts/*.sh tests/vm/*.sh testbed/engine/*.sh testbed/cluster/*.sh testbed/checkers/*.sh .ci/run)
+SHELL_SCRIPTS = $(wildcard components/node_scripts/*.sh testbed/vm/*.sh testbed/vm/fakes/*.sh testbed/engine/*.sh testbed/cluster/*.sh testbed/checkers/*.sh .ci/run)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
@@ -112,7 +112,7 @@ diff: $(RENDER_STAMP)
 	@status=0; $(PY) -m tools.diff $(BASE) $(STACK) || status=$$?; [ "$$status" -le 1 ] || exit "$$status"
 
 lab-vm: $(STAMP)
-	bash tests/vm/install-host-deps.sh
+	bash testbed/vm/install-host-deps.sh
 	$(PY) -m testbed.lab_vm start
 
 lab-vm-stop: $(STAMP)
@@ -122,7 +122,7 @@ bench: $(STAMP)
 	$(PY) -m testbed.bench $(BENCH_ARGS)
 
 bench-vm: $(STAMP)
-	bash tests/vm/install-host-deps.sh
+	bash testbed/vm/install-host-deps.sh
 	$(PY) -m testbed.bench_node $(BENCH_ARGS)
 
 # The real engine: built once per set of pinned versions into ~/.cache/gpu-serving/engine/,
@@ -132,7 +132,7 @@ engine:
 
 e2e: $(STAMP) engine
 	bash testbed/cluster/build.sh
-	bash tests/vm/install-host-deps.sh
+	bash testbed/vm/install-host-deps.sh
 	$(PY) -m testbed.e2e
 
 # The loopback cluster's binaries are built once into ~/.cache/gpu-serving/cluster/ (testbed/cluster).
@@ -144,7 +144,7 @@ cluster-stop:
 	bash testbed/cluster/cluster.sh stop
 
 bench-engine: $(STAMP) engine
-	bash tests/vm/install-host-deps.sh
+	bash testbed/vm/install-host-deps.sh
 	$(PY) -m testbed.bench_engine $(BENCH_ARGS)
 
 clean:

@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     args.sizes = args.sizes or (bench_fleet.QUICK_SIZES if args.quick else bench_fleet.SIZES)
     args.out = args.out or output_folder(None, args.update_docs) / NAME
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    from tests.vm.harness import DEFAULT_DISKS, Vm, ensure_image
+    from testbed.vm import DEFAULT_DISKS, Vm, ensure_image
 
     if args.cluster_only:
         return cluster_only(args)

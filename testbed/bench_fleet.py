@@ -251,7 +251,7 @@ def ssh_standin(nodes: list[str], log: Path) -> Iterator[dict[str, int]]:
         line = process.stdout.readline() if process.stdout else ""
         if not line:
             raise SystemExit(f"the SSH stand-in did not start ({SYSTEM_PYTHON} needs python3-asyncssh: "
-                             f"bash tests/vm/install-host-deps.sh): {errors.read_text()}")
+                             f"bash testbed/vm/install-host-deps.sh): {errors.read_text()}")
         yield json.loads(line)
     finally:
         process.terminate()

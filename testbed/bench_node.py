@@ -4,7 +4,7 @@
     python -m testbed.bench_node --update-docs   # into docs/ (tracked); --out F: elsewhere
 `make bench` includes the latest of the two.
 
-Boots the test VM of tests/vm (qemu, software emulation; two blank 4 GiB disks that first get an
+Boots the test VM of testbed/vm (qemu, software emulation; two blank 4 GiB disks that first get an
 OS-like layout, like the seed's sda1-sda4), renders `Pulumi.lab.yaml` offline and sends each step's
 script as the SSH command, in order, as `pulumi up` does (one SSH connection per Command). Then it
 runs every step again (what `pulumi up --replace` or a changed script costs on a prepared node),
@@ -27,7 +27,7 @@ from pathlib import Path
 
 from components.node import parse_report
 from testbed.bench import output_folder
-from tests.vm.harness import DEFAULT_DISKS, Vm, ensure_image, make_os_like_layout
+from testbed.vm import DEFAULT_DISKS, Vm, ensure_image, make_os_like_layout
 from tools.render import node_scripts, run_program
 
 STACK, NODE = "lab", "lab-node"

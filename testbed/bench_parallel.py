@@ -2,7 +2,7 @@
 
 The fleet section shows steps of 32 nodes side by side on SSH stand-ins that run nothing; this runs
 the real steps (parted, mdadm, mkfs.xfs, the initramfs refresh) on two throwaway VMs
-(tests/vm/harness.py), each the lab stack's node, through the real engine:
+(testbed/vm), each the lab stack's node, through the real engine:
 
 1. a first `up` of a two-node stack with the CLI's default `--parallel`;
 2. a second array on the same disks (a stack of its own) with `--parallel 1`: the contrast, one
@@ -24,7 +24,7 @@ from typing import Any
 
 from testbed.bench_fleet import busy
 from testbed.e2e.run import Run, rendering, stack_raw
-from tests.vm.harness import DEFAULT_DISKS, GiB, Vm
+from testbed.vm import DEFAULT_DISKS, GiB, Vm, ensure_booted_state, ensure_image
 
 NODES = ("lab-node", "lab-node-2")
 DISKS = (DEFAULT_DISKS, (("gs-disk-c", 4 * GiB), ("gs-disk-d", 4 * GiB)))
@@ -91,8 +91,6 @@ def timed_up(program: Run, vms: tuple[Any, Any], stack: str, parallel: str) -> U
 
 def measure(program: Run, work: Path) -> tuple[Up, Up]:
     """Both runs on two fresh VMs: (default --parallel, --parallel 1)."""
-    from tests.vm.harness import ensure_booted_state, ensure_image
-
     image = ensure_image()
     booted = ensure_booted_state(image)
     vms = tuple(Vm(work / f"vm-{i}", disks, image=image, booted=booted, boot_timeout=600) for i, disks in enumerate(DISKS))
@@ -117,7 +115,7 @@ def markdown(runs: tuple[Up, Up]) -> str:
     lines = [
         "#### Node steps of two machines at once, on two lab VMs",
         "",
-        "Two throwaway VMs (`tests/vm/harness.py`, qemu TCG, sharing the 2 cores), each the lab stack's node with its "
+        "Two throwaway VMs (`testbed/vm`, qemu TCG, sharing the 2 cores), each the lab stack's node with its "
         "two blank disks; one `pulumi up` of a two-node stack runs the real disk steps on both. When each machine had a "
         "step running is read from its own sshd journal (each Command's script runs in one SSH session). The second run builds a "
         "second array on the same disks with `--parallel 1` as the contrast (`testbed/bench_parallel.py`).",

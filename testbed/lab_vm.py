@@ -1,4 +1,4 @@
-"""The lab node: the test VM from tests/vm kept running, as the `lab` stack's GPU node.
+"""The lab node: the test VM (testbed/vm) kept running, as the `lab` stack's GPU node.
 
     python -m testbed.lab_vm start    # make lab-vm
     python -m testbed.lab_vm stop     # make lab-vm-stop
@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from tests.vm.harness import DEFAULT_DISKS, Vm, ensure_image
+from testbed.vm import DEFAULT_DISKS, Vm, ensure_image
 
 PORT = 2222
 LAB = Path(os.environ.get("GS_VM_CACHE", Path.home() / ".cache" / "gpu-serving")) / "lab"

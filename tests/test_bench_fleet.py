@@ -148,7 +148,7 @@ def system_python_has_asyncssh() -> bool:
 
 
 @pytest.mark.skipif(not Path(bench_fleet.SYSTEM_PYTHON).exists() or not system_python_has_asyncssh(),
-                    reason="needs Debian's python3-asyncssh (bash tests/vm/install-host-deps.sh)")
+                    reason="needs Debian's python3-asyncssh (bash testbed/vm/install-host-deps.sh)")
 def test_ssh_standin_answers_every_exec_and_runs_nothing(tmp_path: Path, prod: Render) -> None:
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "key")], check=True)
     log, marker = tmp_path / "sessions.jsonl", tmp_path / "ran"

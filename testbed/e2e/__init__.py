@@ -4,7 +4,7 @@
     python -m testbed.e2e --keep          # keep the temporary project, state and VM folder
 
 Needs `make engine` (the CLI, the Python language host and the kubernetes and command providers,
-built from pinned Go modules) and the VM image of tests/vm. Everything happens in a temporary
+built from pinned Go modules) and the VM image of testbed/vm. Everything happens in a temporary
 folder: a copy of the project's tracked files, a local file backend, secrets encrypted with a
 random passphrase, and a throwaway VM (the lab node) reached over SSH on 127.0.0.1. The Kubernetes
 provider writes YAML (`cluster.renderYamlTo`), so no cluster is needed.

@@ -421,9 +421,9 @@ class DayTwoEndToEnd(ClusterEndToEnd):
     def runtime_chain(self) -> str:
         """The runtime steps of two nodes under the real engine: one node at a time, the chain stopped
         at the first node whose step fails. Both nodes' SSH reaches the lab VM, where FAKE containerd,
-        ctr and nvidia-ctk (tests/vm/fakes.py) stand in for NVIDIA's packages: what is real is the
+        ctr and nvidia-ctk (testbed/vm/fakes) stand in for NVIDIA's packages: what is real is the
         engine's ordering and the step's restore, not a container runtime."""
-        from tests.vm.fakes import install_fake_containerd
+        from testbed.vm.fakes import install_fake_containerd
 
         first, second = "lab-node", ADDED_NODE  # chained by name
         install_fake_containerd(self.vm)
@@ -530,7 +530,7 @@ class DayTwoEndToEnd(ClusterEndToEnd):
         """README "Migrating from the Ansible role" on the lab VM, through the engine: a stack of its own
         (`adopt`: the lab's config, its Kubernetes side written as YAML) whose node is the lab VM with
         the role's array, beside the cluster stack's array."""
-        from tests.vm.harness import ROLE_MD, ansible_role_layout
+        from testbed.vm import ROLE_MD, ansible_role_layout
 
         disks = [self.plug(name) for name in ROLE_DISKS]
         role = ansible_role_layout(self.vm, disks, ADOPT_MOUNT)

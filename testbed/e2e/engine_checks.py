@@ -144,7 +144,7 @@ class EndToEnd(Run):
         return f"render and preview refuse the same {len(seen) + 1} files, naming {', '.join(seen)} and the duplicate revision"
 
     def up_lab(self) -> str:
-        from tests.vm.harness import DEFAULT_DISKS, GiB, Vm, ensure_booted_state, ensure_image
+        from testbed.vm import DEFAULT_DISKS, GiB, Vm, ensure_booted_state, ensure_image
 
         # The image's saved boot, resumed (seconds; cached beside the image by the first run, VM
         # tests or e2e), then its two disks plugged in: the same disks at the same PCI slots as a boot.

@@ -98,7 +98,7 @@ class RealNodeEndToEnd(ClusterEndToEnd):
         """A cluster with no simulated nodes, the hub stand-in, the VM with the node's bundle, joined."""
         from testbed.node import images as node_images
         from testbed.standins.hub import Hub, Repo
-        from tests.vm.harness import DEFAULT_DISKS, Vm, ensure_booted_state, ensure_image
+        from testbed.vm import DEFAULT_DISKS, Vm, ensure_booted_state, ensure_image
 
         self.cluster_env = {"GS_CLUSTER_PORT": str(_free_port_block())}
         self.cluster_sh("start")

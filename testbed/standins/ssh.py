@@ -10,7 +10,7 @@ line) and never run. Any user is let in without authentication. One JSON line pe
 `--log` (node, step, start and end times), so a benchmark can tell how many Commands ran and how
 many nodes had their steps running side by side. Once listening it prints `{"node": port, ...}` on one line.
 
-It runs under Debian's python3 with Debian's python3-asyncssh (tests/vm/install-host-deps.sh):
+It runs under Debian's python3 with Debian's python3-asyncssh (testbed/vm/install-host-deps.sh):
 the project's venv stays free of an SSH server library. It cannot show a real login's cost, a
 node's scripts or their output (the health step reports nothing, so the node's outputs stay unknown).
 """

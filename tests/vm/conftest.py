@@ -5,7 +5,7 @@ so the fast ``make test`` never boots a VM.
 
 Fixtures:
   vm_image    (session)  folder of the cached image (built on first use, ~3-4 min)
-  vm_booted   (session)  the image booted once and saved running (harness.BootedState), cached
+  vm_booted   (session)  the image booted once and saved running (testbed.vm.BootedState), cached
                          beside the image: booted by the first session only
   vm          (module)   a started Vm with two blank 4 GiB disks, shared by a test module:
                          vm_booted resumed (seconds, not a boot), then the disks plugged in
@@ -26,7 +26,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from harness import DEFAULT_DISKS, BootedState, Vm, discard, ensure_booted_state, ensure_image, running
+
+from testbed.vm import DEFAULT_DISKS, BootedState, Vm, discard, ensure_booted_state, ensure_image, running
 
 HERE = Path(__file__).resolve().parent
 VM_TESTS_ENABLED = os.environ.get("GS_VM_TESTS") == "1"
@@ -66,7 +67,7 @@ def vm_image() -> Path:
     missing = [t for t in ("qemu-system-x86_64", "qemu-img", "ssh", "debootstrap") if not shutil.which(t)]
     if missing:
         pytest.fail(
-            f"missing host tools {missing}: run tests/vm/install-host-deps.sh (as root) first",
+            f"missing host tools {missing}: run testbed/vm/install-host-deps.sh (as root) first",
             pytrace=False,
         )
     return ensure_image()

@@ -17,20 +17,14 @@ Skipped unless GS_VM_TESTS=1 (tests/vm/conftest.py).
 from __future__ import annotations
 
 import json
-import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import BootedState, GiB, Vm, ansible_role_layout, running
-from steps import create_scripts
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
+from testbed.vm import BootedState, GiB, Vm, ansible_role_layout, running
+from testbed.vm.steps import create_scripts
 
 NAMES = ("gs-nvme-a", "gs-nvme-b")
 MOUNT = "/mnt/ollama-models"

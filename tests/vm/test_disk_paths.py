@@ -10,8 +10,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from harness import BootedState, GiB, Vm, running
 from test_disk_safety import refused, steps_for
+
+from testbed.vm import BootedState, GiB, Vm, running
 
 
 @pytest.fixture(scope="module")

@@ -18,19 +18,13 @@ from __future__ import annotations
 import json
 import shlex
 import subprocess
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import BootedState, GiB, Vm, make_os_like_layout, partition_sha256s, running
-from steps import create_scripts
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
+from testbed.vm import BootedState, GiB, Vm, make_os_like_layout, partition_sha256s, running
+from testbed.vm.steps import create_scripts
 
 DISKS = (("gs-disk-a", 4 * GiB), ("gs-disk-b", 4 * GiB), ("gs-disk-c", 4 * GiB), ("gs-disk-d", 4 * GiB))
 A, B, C, D = (Vm.by_id(name) for name, _ in DISKS)

@@ -8,7 +8,8 @@ import time
 from pathlib import Path
 
 import pytest
-from harness import (
+
+from testbed.vm import (
     OS_LAYOUT,
     GiB,
     MiB,

@@ -13,7 +13,7 @@ One VM for the module; the tests build on each other, in file order:
     without its CRI restored and restarted again (issue 25), imports kept and a big --help read
     under pipefail, overridden settings named -> k3s server never restarted, agent checked.
 
-Container runtimes are STAND-INS (tests/vm/fakes.py): the guest cannot install containerd, the
+Container runtimes are STAND-INS (testbed/vm/fakes): the guest cannot install containerd, the
 NVIDIA toolkit or k3s. The kubelet is simulated by its bind mounts. Skipped unless GS_VM_TESTS=1.
 """
 
@@ -21,19 +21,13 @@ from __future__ import annotations
 
 import json
 import shlex
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
-from fakes import FAKE_K3S_START, fake_k3s_unit, install_fake_containerd
-from harness import Vm
-from steps import create_scripts
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
+from testbed.vm import Vm
+from testbed.vm.fakes import FAKE_K3S_START, fake_k3s_unit, install_fake_containerd
+from testbed.vm.steps import create_scripts
 
 NODE = "k8s-worker-02"
 DISKS = ("gs-disk-a", "gs-disk-b")

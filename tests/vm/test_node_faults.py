@@ -8,18 +8,13 @@ that fails. Skipped unless GS_VM_TESTS=1 (tests/vm/conftest.py).
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import MiB, Vm, make_os_like_layout, os_layout_regions, partition_sha256s
-from steps import create_scripts
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
+from testbed.vm import MiB, Vm, make_os_like_layout, os_layout_regions, partition_sha256s
+from testbed.vm.steps import create_scripts
 
 DISKS = ("gs-disk-a", "gs-disk-b")
 MOUNT = "/mnt/models"

@@ -16,23 +16,17 @@ from __future__ import annotations
 
 import json
 import shlex
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
-from fakes import FAKE_K3S_START, fake_k3s_unit, install_fake_containerd
-from harness import SshError, Vm, make_os_like_layout, os_layout_sha256s
-from steps import prod_node, rendered_steps
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from components.node import storage_outputs  # noqa: E402
-from stacks.config import Node, usable_gib  # noqa: E402
-from tools.render import RenderError  # noqa: E402
+from components.node import storage_outputs
+from stacks.config import Node, usable_gib
+from testbed.vm import SshError, Vm, make_os_like_layout, os_layout_sha256s
+from testbed.vm.fakes import FAKE_K3S_START, fake_k3s_unit, install_fake_containerd
+from testbed.vm.steps import prod_node, rendered_steps
+from tools.render import RenderError
 
 NODE = "k8s-worker-02"
 DISKS = ("gs-disk-a", "gs-disk-b")

@@ -15,18 +15,12 @@ from __future__ import annotations
 
 import json
 import re
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import Vm
-from steps import create_scripts
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
+from testbed.vm import Vm
+from testbed.vm.steps import create_scripts
 
 DISKS = ("gs-disk-a", "gs-disk-b")
 CONF = "/etc/mdadm/mdadm.conf"

@@ -4,15 +4,9 @@ rendered offline (tools/render.py, the SDK's mock engine) exactly as `pulumi up`
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from tools.render import run_program  # noqa: E402
+from tools.render import ROOT, run_program
 
 
 def prod_config() -> dict[str, Any]:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build the throwaway Debian bookworm VM image used by the VM tests (tests/vm).
+# Build the throwaway Debian bookworm VM image used by the VM tests (tests/vm) and the test bed's lab VMs.
 #
 # Result (cached outside the repo, keyed by this script's content):
 #   ${GS_VM_CACHE:-$HOME/.cache/gpu-serving}/image-<sha256(this script)[:16]>/
@@ -37,7 +37,7 @@ if [[ $(id -u) -ne 0 ]]; then
 fi
 for tool in debootstrap mkfs.ext4 parted ssh-keygen sha256sum flock; do
   if ! command -v "$tool" >/dev/null 2>&1; then
-    echo "build-image.sh: '$tool' not found; run tests/vm/install-host-deps.sh first" >&2
+    echo "build-image.sh: '$tool' not found; run testbed/vm/install-host-deps.sh first" >&2
     exit 1
   fi
 done
@@ -138,7 +138,7 @@ EOF
 mkdir -p "$R/boot/grub"
 cp -a "$R/usr/lib/grub/i386-pc" "$R/boot/grub/"
 cat >"$R/boot/grub/grub.cfg" <<EOF
-# Static config written by tests/vm/build-image.sh
+# Static config written by testbed/vm/build-image.sh
 serial --unit=0 --speed=115200
 terminal_input serial
 terminal_output serial

@@ -1,10 +1,6 @@
 """Throwaway Debian VM (qemu TCG) with blank extra disks, for testing node scripts on a real kernel.
 
-Stdlib only. Typical use::
-
-    image = ensure_image()                      # builds once, cached outside the repo
     with Vm(tmp_path) as vm:                    # boots, waits for SSH
-        vm.run_script("set -e; mdadm --version")
         vm.reboot()
     with Vm(tmp_path) as vm:                    # same disk files, new boot
         ...
@@ -22,13 +18,9 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
-import fcntl
-import hashlib
-import inspect
 import os
 import re
 import shlex
-import shutil
 import signal
 import socket
 import subprocess
@@ -37,100 +29,20 @@ import time
 import weakref
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-__all__ = [
-    "DEFAULT_DISKS",
-    "OS_LAYOUT",
-    "BootedState",
-    "GiB",
-    "MiB",
-    "SshError",
-    "Vm",
-    "VmError",
-    "ansible_role_layout",
-    "checksum_regions",
-    "ensure_booted_state",
-    "ensure_image",
-    "image_dir",
-    "make_os_like_layout",
-    "os_layout_regions",
-    "os_layout_sha256s",
-    "partition_sha256s",
-    "save_booted_state",
-]
+from testbed.vm.disks import GiB, MiB, checksum_regions
+from testbed.vm.errors import VmError
+from testbed.vm.image import ensure_image
+from testbed.vm.ssh import GuestSsh
 
-MiB = 1024**2
-GiB = 1024**3
-
-HERE = Path(__file__).resolve().parent
-BUILD_SCRIPT = HERE / "build-image.sh"
-INSTALL_DEPS_SCRIPT = HERE / "install-host-deps.sh"
+if TYPE_CHECKING:
+    from testbed.vm.booted import BootedState
 
 DEFAULT_DISKS: tuple[tuple[str, int], ...] = (("gs-disk-a", 4 * GiB), ("gs-disk-b", 4 * GiB))
 ROOT_PORTS = 8  # PCIe root ports for extra disks; a VM with more disks gets one per disk
 
 _SERIAL_RE = re.compile(r"^[A-Za-z0-9_.-]{1,20}$")  # virtio-blk serials are at most 20 bytes
-
-
-class VmError(RuntimeError):
-    """The VM did not start, stop or reboot as expected."""
-
-
-class SshError(subprocess.CalledProcessError):
-    """A command run over SSH exited non-zero; str() includes its output (and ``report``, if set)."""
-
-    report = ""
-
-    def __str__(self) -> str:
-        def tail(s: str | bytes | None) -> str:
-            if s is None:
-                return ""
-            if isinstance(s, bytes):
-                s = s.decode(errors="replace")
-            lines = s.rstrip().splitlines()
-            return "\n".join(lines[-40:])
-
-        cmd = self.cmd if isinstance(self.cmd, str) else shlex.join(self.cmd)
-        if len(cmd) > 400:
-            cmd = cmd[:400] + " ..."
-        return (
-            f"guest command exited {self.returncode}: {cmd}\n"
-            f"--- stdout (tail) ---\n{tail(self.stdout)}\n"
-            f"--- stderr (tail) ---\n{tail(self.stderr)}"
-            + (f"\n{self.report}" if self.report else "")
-        )
-
-
-# --------------------------------------------------------------------------- image
-
-
-def image_dir(cache_root: Path | None = None) -> Path:
-    """Where build-image.sh puts (or has put) the image for its current content."""
-    root = cache_root or Path(os.environ.get("GS_VM_CACHE") or Path.home() / ".cache" / "gpu-serving")
-    digest = hashlib.sha256(BUILD_SCRIPT.read_bytes()).hexdigest()[:16]
-    return root / f"image-{digest}"
-
-
-def ensure_image(timeout: float = 1800) -> Path:
-    """Build the VM image if it is not cached yet; return its folder.
-
-    The folder holds ``disk.raw``, ``id_ed25519`` and ``id_ed25519.pub``.
-    Building needs root and the tools from install-host-deps.sh (~3 min).
-    """
-    target = image_dir()
-    if (target / "disk.raw").is_file():
-        return target
-    proc = subprocess.run(
-        ["bash", str(BUILD_SCRIPT)],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    if proc.returncode != 0:
-        raise VmError(f"{BUILD_SCRIPT} failed with exit code {proc.returncode}:\n{proc.stderr[-4000:]}")
-    if not (target / "disk.raw").is_file():
-        raise VmError(f"{BUILD_SCRIPT} succeeded but {target}/disk.raw is missing")
-    return target
 
 
 # --------------------------------------------------------------------------- helpers
@@ -150,39 +62,6 @@ def _set_pdeathsig() -> None:  # pragma: no cover - runs in the child
         libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
-def checksum_regions(
-    path: str | os.PathLike[str],
-    regions: Iterable[tuple[int, int]] = ((0, MiB), (-MiB, MiB)),
-) -> dict[tuple[int, int], str]:
-    """sha256 of byte ranges of a (raw disk) file, keyed by the ``(offset, length)`` given.
-
-    A negative offset counts from the end of the file, so the default
-    ``((0, MiB), (-MiB, MiB))`` hashes the first and the last MiB.
-    Reads past the end are an error. Hash a disk only after the guest has
-    flushed it (``sync``/``blockdev --flushbufs``) or with the VM stopped.
-    """
-    path = Path(path)
-    size = path.stat().st_size
-    out: dict[tuple[int, int], str] = {}
-    with open(path, "rb") as f:
-        for region in regions:
-            offset, length = region
-            start = offset + size if offset < 0 else offset
-            if start < 0 or length < 0 or start + length > size:
-                raise ValueError(f"region {region} outside {path} ({size} bytes)")
-            f.seek(start)
-            h = hashlib.sha256()
-            left = length
-            while left:
-                chunk = f.read(min(left, 4 * MiB))
-                if not chunk:
-                    raise ValueError(f"short read in {path} at region {region}")
-                h.update(chunk)
-                left -= len(chunk)
-            out[(offset, length)] = h.hexdigest()
-    return out
-
-
 _live_vms: weakref.WeakSet[Vm] = weakref.WeakSet()
 
 
@@ -193,98 +72,10 @@ def _stop_leftover_vms() -> None:
             vm.stop(timeout=60)
 
 
-# --------------------------------------------------------------------------- a booted guest, saved
-
-
-class BootedState:
-    """A guest booted once with no extra disks and saved while running: its root disk
-    (``root.qcow2``, frozen) and its memory and device state (``state``, qemu's migration
-    stream). ``Vm(..., booted=state)`` resumes it in seconds instead of booting (~40-70 s).
-    Made by :func:`save_booted_state`; valid for the qemu binary and harness that made it."""
-
-    def __init__(self, folder: Path, image: Path, memory_mib: int, cpus: int, root_ports: int) -> None:
-        self.folder = folder
-        self.image = image
-        self.memory_mib = memory_mib
-        self.cpus = cpus
-        self.root_ports = root_ports
-
-    @property
-    def root_disk(self) -> Path:
-        return self.folder / "root.qcow2"
-
-    @property
-    def state(self) -> Path:
-        return self.folder / "state"
-
-
-def save_booted_state(
-    folder: str | os.PathLike[str],
-    image: str | os.PathLike[str] | None = None,
-    *,
-    memory_mib: int = 1024,
-    cpus: int = 1,
-    timeout: float = 600,
-) -> BootedState:
-    """Boot the image once (no extra disks), let the boot finish, save the running guest."""
-    folder = Path(folder).resolve()
-    vm = Vm(folder, (), image=image, memory_mib=memory_mib, cpus=cpus)
-    vm.start()
-    try:
-        # start() waited for every boot job (networkd, logind, ...): a resumed guest starts where
-        # a booted one is when a test begins.
-        vm.ssh("sync", timeout=timeout)
-        vm._stop_mux()  # no connection open in the saved state
-        vm.monitor("stop")
-        state = folder / "state"
-        out = vm.monitor(f"migrate exec:cat>{shlex.quote(str(state))}", timeout=30)
-        if "rror" in out.split("migrate", 1)[-1]:
-            raise VmError(f"saving the booted guest failed: {out}")
-        deadline = time.monotonic() + timeout
-        while True:
-            info = vm.monitor("info migrate")
-            if "Migration status: completed" in info:
-                break
-            if "Migration status: failed" in info or time.monotonic() > deadline:
-                raise VmError(f"saving the booted guest failed: {info}")
-            time.sleep(0.5)
-    finally:
-        vm.stop(power_off=False)  # the saved root disk must stay exactly as the saved memory knows it
-    vm.root_disk.chmod(0o444)
-    assert vm.image is not None
-    return BootedState(folder, vm.image, memory_mib, cpus, vm.root_ports)
-
-
-def _booted_state_key(memory_mib: int, cpus: int) -> str:
-    """What a saved guest is valid for: the qemu binary (its migration format) and the machine a
-    resumed VM is started as (its devices must be the saved ones; the image is the folder's parent)."""
-    version = subprocess.run(["qemu-system-x86_64", "--version"], capture_output=True, text=True, check=True).stdout
-    machine = inspect.getsource(Vm._qemu_argv)
-    return hashlib.sha256(f"{version}\n{machine}\n{ROOT_PORTS} {memory_mib} {cpus}".encode()).hexdigest()[:16]
-
-
-def ensure_booted_state(image: str | os.PathLike[str] | None = None, *, memory_mib: int = 1024, cpus: int = 1) -> BootedState:
-    """The image booted once and saved running (:func:`save_booted_state`), cached beside the image
-    in ``booted-<key>/``, so later sessions (and the e2e lab VM) resume it instead of booting.
-    Saved under a lock in a temporary folder renamed into place: parallel callers boot once, and a
-    killed save leaves nothing half-made."""
-    image = Path(image).resolve() if image else ensure_image()
-    folder = image / f"booted-{_booted_state_key(memory_mib, cpus)}"
-    with open(image / ".booted.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (folder / "state").is_file():
-            for stale in image.glob(".booted-*"):
-                shutil.rmtree(stale, ignore_errors=True)
-            work = Path(tempfile.mkdtemp(prefix=".booted-", dir=image))
-            save_booted_state(work, image, memory_mib=memory_mib, cpus=cpus)
-            work.rename(folder)  # root.qcow2 names its backing image/disk.raw by absolute path
-    return BootedState(folder, image, memory_mib, cpus, ROOT_PORTS)
-
-
 # --------------------------------------------------------------------------- the VM
 
 
-class Vm:
+class Vm(GuestSsh):
     """One throwaway VM in its own work folder.
 
     ``disks`` are ``(name, size_bytes)``; each becomes ``<workdir>/<name>.raw`` (sparse,
@@ -295,6 +86,8 @@ class Vm:
     One vCPU by default: under TCG the guest's work here (fork-heavy shell, ``update-initramfs``)
     runs as fast on one vCPU as on two (88 s against 82 s, and two one-vCPU guests side by side
     took 84 and 100 s), so ``make test-vm`` runs one guest per host core instead of one guest on all.
+
+    Commands, scripts and files in the guest come from :class:`GuestSsh` (ssh.py).
     """
 
     def __init__(
@@ -650,22 +443,6 @@ class Vm:
             parts.append(f"--- {label} ({path}), tail ---\n" + "\n".join(lines))
         return "\n".join(parts)
 
-    def guest_report(self) -> str:
-        """For a failure message: the guest kernel's warnings, the by-id links and /proc/mdstat.
-
-        The serial log cannot tell: Debian lowers the console's log level, so a disk that the
-        kernel dropped (an NVMe reset that failed, a hot-plug slot powered off) shows only here.
-        """
-        script = (
-            "dmesg --level=emerg,alert,crit,err,warn | tail -n 40; echo '--- /dev/disk/by-id'; ls /dev/disk/by-id;"
-            " echo '--- /proc/mdstat'; cat /proc/mdstat"
-        )
-        try:
-            result = self.ssh(script, check=False, timeout=60)
-        except subprocess.TimeoutExpired:
-            return "--- guest report: the guest did not answer within 60 s"
-        return f"--- guest report (exit {result.returncode}) ---\n{result.stdout}{result.stderr}"
-
     def boot_id(self) -> str:
         return self.ssh("cat /proc/sys/kernel/random/boot_id").stdout.strip()
 
@@ -778,147 +555,7 @@ class Vm:
         state = f"running on {self.host}:{self._port}" if self.running else "stopped"
         return f"<Vm {self.workdir} {state} attached={self._attached}>"
 
-    # ---- SSH --------------------------------------------------------------
-
-    def ssh_options(self, *, connect_timeout: float = 10) -> list[str]:
-        """``-o`` options for ssh/scp (no host/port/key)."""
-        return [
-            "-F", "/dev/null",
-            "-o", "StrictHostKeyChecking=no",
-            "-o", "UserKnownHostsFile=/dev/null",
-            "-o", "GlobalKnownHostsFile=/dev/null",
-            "-o", "BatchMode=yes",
-            "-o", "IdentitiesOnly=yes",
-            "-o", "LogLevel=ERROR",
-            "-o", f"ConnectTimeout={int(connect_timeout)}",
-            "-o", "ServerAliveInterval=15",
-            "-o", "ServerAliveCountMax=8",
-        ]  # fmt: skip
-
-    @property
-    def _mux_socket(self) -> Path | None:
-        return Path(self._mon_dir) / "ssh.sock" if self._mon_dir else None
-
-    def _start_mux(self) -> None:
-        """Open one SSH master connection that later ssh calls share: a fresh connection costs
-        the guest a key exchange under TCG (~0.8 s), a session on the master a fraction of it.
-        Best effort: without it every call connects on its own, as before."""
-        self._stop_mux()
-        sock = self._mux_socket
-        if sock is None or not self.running:
-            return
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            r = subprocess.run(
-                ["ssh", *self.ssh_options(), "-i", str(self.key_path), "-p", str(self.port),
-                 "-o", "ControlMaster=yes", "-o", f"ControlPath={sock}", "-o", "ControlPersist=yes",
-                 "-N", "-f", f"{self.user}@{self.host}"],
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60,
-            )  # fmt: skip
-            self._mux = r.returncode == 0 and sock.exists()
-
-    def _stop_mux(self) -> None:
-        """Close the master connection (before the guest goes down: a master whose guest
-        vanished would hold every call until its keep-alive gives up)."""
-        sock = self._mux_socket
-        if self._mux and sock is not None:
-            with contextlib.suppress(Exception):
-                subprocess.run(
-                    ["ssh", "-F", "/dev/null", "-o", f"ControlPath={sock}", "-O", "exit", f"{self.user}@{self.host}"],
-                    stdin=subprocess.DEVNULL, capture_output=True, timeout=15,
-                )  # fmt: skip
-        self._mux = False
-
-    def ssh_argv(
-        self,
-        *,
-        key_path: str | os.PathLike[str] | None = None,
-        connect_timeout: float = 10,
-        direct: bool = False,
-    ) -> list[str]:
-        """``ssh`` argv up to and including ``user@host`` (append the remote command).
-
-        ``key_path`` overrides the key, e.g. to check that a WRONG key is refused; such a
-        call, and one with ``direct``, makes its own connection instead of sharing the master.
-        """
-        if self._mux and key_path is None and not direct:
-            mux = ["-o", "ControlMaster=no", "-o", f"ControlPath={self._mux_socket}"]
-        else:
-            mux = ["-o", "ControlPath=none"]
-        return [
-            "ssh",
-            *self.ssh_options(connect_timeout=connect_timeout),
-            *mux,
-            "-i", str(key_path or self.key_path),
-            "-p", str(self.port),
-            f"{self.user}@{self.host}",
-        ]  # fmt: skip
-
-    def ssh(
-        self,
-        cmd: str,
-        *,
-        input: str | bytes | None = None,
-        check: bool = True,
-        timeout: float | None = 600,
-        connect_timeout: float = 10,
-        key_path: str | os.PathLike[str] | None = None,
-        direct: bool = False,
-    ) -> subprocess.CompletedProcess[str]:
-        """Run ``cmd`` (a shell command line) as root in the guest.
-
-        Returns a text-mode CompletedProcess. ``input`` may be str or bytes (bytes
-        are sent unchanged). With ``check`` a non-zero exit raises :class:`SshError`
-        (exit 255 = ssh itself failed). ``direct``: a connection of its own (see ssh_argv).
-        """
-        argv = [*self.ssh_argv(key_path=key_path, connect_timeout=connect_timeout, direct=direct), cmd]
-        if isinstance(input, bytes):
-            raw = subprocess.run(argv, input=input, capture_output=True, timeout=timeout)
-            res = subprocess.CompletedProcess(
-                argv,
-                raw.returncode,
-                raw.stdout.decode(errors="replace"),
-                raw.stderr.decode(errors="replace"),
-            )
-        else:
-            res = subprocess.run(
-                argv,
-                input=input,
-                capture_output=True,
-                text=True,
-                errors="replace",
-                timeout=timeout,
-                stdin=subprocess.DEVNULL if input is None else None,
-            )
-        if check and res.returncode != 0:
-            raise SshError(res.returncode, cmd, res.stdout, res.stderr)
-        return res
-
-    def run_script(
-        self,
-        text: str,
-        *,
-        args: Sequence[str] = (),
-        env: Mapping[str, str] | None = None,
-        check: bool = True,
-        timeout: float | None = 600,
-    ) -> subprocess.CompletedProcess[str]:
-        """Pipe a bash script to ``bash -s`` in the guest (``args`` become $1...)."""
-        prefix = ""
-        if env:
-            for k in env:
-                if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", k):
-                    raise ValueError(f"bad environment variable name {k!r}")
-            prefix = "env " + " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()) + " "
-        cmd = prefix + "bash -s --" + "".join(" " + shlex.quote(a) for a in args)
-        return self.ssh(cmd, input=text, check=check, timeout=timeout)
-
-    def put_file(self, data: str | bytes, guest_path: str, mode: str = "0644") -> None:
-        """Write ``data`` to ``guest_path`` in the guest (parent folder is created)."""
-        q = shlex.quote(guest_path)
-        self.ssh(
-            f'mkdir -p -- "$(dirname -- {q})" && cat > {q} && chmod {mode} {q}',
-            input=data if isinstance(data, bytes) else data.encode(),
-        )
+    # ---- disks in the guest ---------------------------------------------
 
     def wait_block(self, path: str, timeout: float = 15) -> None:
         """Wait until block device ``path`` exists: a step that closes a disk after a write makes
@@ -934,18 +571,6 @@ class Vm:
         if self.running:
             self.ssh("sync; blockdev --flushbufs /dev/vd? /dev/nvme?n? 2>/dev/null; true")
         return checksum_regions(self.disk_path(name), regions)
-
-
-# --------------------------------------------------------------------------- OS-like layout
-
-# (GPT name, sgdisk type code, start MiB, size MiB): like a node's sda1..sda4.
-OS_LAYOUT: tuple[tuple[str, str, int, int], ...] = (
-    ("efi", "ef00", 1, 32),
-    ("boot", "8300", 33, 64),
-    ("swap", "8200", 97, 64),
-    ("root", "8300", 161, 128),
-)
-OS_LAYOUT_END_MIB = OS_LAYOUT[-1][2] + OS_LAYOUT[-1][3]  # 289 MiB; the rest of the disk is free
 
 
 def discard(vm: Vm) -> None:
@@ -967,137 +592,3 @@ def running(workdir: str | os.PathLike[str], disks: Sequence[tuple[str, int]] = 
         yield machine
     finally:
         discard(machine)
-
-
-def os_layout_regions() -> list[tuple[int, int]]:
-    """Byte ranges ``(offset, length)`` of the OS_LAYOUT partitions in a raw disk file
-    (use with :func:`checksum_regions` on the host: same sha256 as in the guest)."""
-    return [(start * MiB, size * MiB) for _n, _t, start, size in OS_LAYOUT]
-
-
-def partition_sha256s(vm: Vm, devices: Iterable[str]) -> dict[str, str]:
-    """sha256 of each guest block device's content, read in the guest."""
-    devs = list(devices)
-    script = (
-        'set -eu\nfor d in "$@"; do\n'
-        '  blockdev --flushbufs "$d"\n'
-        '  printf \'%s %s\\n\' "$d" "$(sha256sum < "$d" | cut -d\' \' -f1)"\n'
-        "done\n"
-    )
-    out = vm.run_script(script, args=devs, timeout=900).stdout
-    res = dict(line.split(" ", 1) for line in out.splitlines() if line.strip())
-    return {d: res[d].strip() for d in devs}
-
-
-def os_layout_sha256s(vm: Vm, disks: Iterable[str]) -> dict[str, str]:
-    """:func:`partition_sha256s` of :func:`make_os_like_layout`'s partitions on ``disks``, with the
-    bytes hashed on the host once the guest has flushed (a guest sha256 of 576 MiB costs ~18 s
-    under TCG). The guest says where each partition lies; one that no longer starts and ends where
-    OS_LAYOUT put it (or is gone) gets ``moved <start> <size>`` instead of a hash."""
-    names = list(disks)
-    parts = [f"{Vm.by_id(n)}-part{i}" for n in names for i in range(1, len(OS_LAYOUT) + 1)]
-    script = (
-        'set -u\nsync\nfor d in "$@"; do\n'
-        '  k=$(readlink -f "$d"); k=${k##*/}\n'
-        '  echo "$d $(cat /sys/class/block/$k/start 2>/dev/null) $(cat /sys/class/block/$k/size 2>/dev/null)"\n'
-        "done\n"
-    )
-    where = {d: rest for d, _, rest in (line.partition(" ") for line in vm.run_script(script, args=parts).stdout.splitlines())}
-    out: dict[str, str] = {}
-    for name in names:
-        sums = vm.checksum_disk(name, os_layout_regions())
-        for i, ((_label, _code, start, size), digest) in enumerate(zip(OS_LAYOUT, sums.values(), strict=True), 1):
-            part = f"{Vm.by_id(name)}-part{i}"
-            out[part] = digest if where.get(part) == f"{start * 2048} {size * 2048}" else f"moved {where.get(part)}"
-    return out
-
-
-def make_os_like_layout(vm: Vm, disks: Iterable[str] | None = None) -> dict[str, str]:
-    """Give each blank extra disk a GPT with OS-like partitions 1-4 (efi 32 MiB,
-    boot 64 MiB, swap 64 MiB, root 128 MiB; ends at 289 MiB, the rest is free), fill
-    each partition with random data and return ``{"/dev/disk/by-id/virtio-<disk>-part<N>": sha256}``.
-
-    Run it on a running VM; ``disks`` defaults to all attached extra disks. The guest writes the
-    GPT; the host writes the random data straight into the raw files (under TCG the guest took
-    ~40 s to draw and write 576 MiB from /dev/urandom), then the guest drops what it had cached
-    of those partitions, so every later read in the guest sees the host's bytes.
-    """
-    names = list(vm.attached if disks is None else disks)
-    sg_args = []
-    for i, (label, code, start, size) in enumerate(OS_LAYOUT, 1):
-        end = start + size
-        # sgdisk takes sectors when no unit is given; 512-byte sectors
-        sg_args += [
-            f"-n{i}:{start * 2048}:{end * 2048 - 1}",
-            f"-t{i}:{code}",
-            f"-c{i}:{label}",
-        ]
-    devices: list[str] = []
-    lines = ["set -euo pipefail"]
-    for name in names:
-        disk = Vm.by_id(name)
-        lines.append(f"sgdisk -Z {shlex.join(sg_args)} {disk} >/dev/null")
-        devices += [f"{disk}-part{i}" for i in range(1, len(OS_LAYOUT) + 1)]
-    lines.append("udevadm settle")
-    lines += [f"test -b {part}" for part in devices]
-    vm.run_script("\n".join(lines) + "\n", timeout=900)
-    sums: dict[str, str] = {}
-    for name in names:
-        with open(vm.disk_path(name), "r+b") as f:
-            for i, (_label, _code, start, size) in enumerate(OS_LAYOUT, 1):
-                data = os.urandom(size * MiB)
-                f.seek(start * MiB)
-                f.write(data)
-                sums[f"{Vm.by_id(name)}-part{i}"] = hashlib.sha256(data).hexdigest()
-    # udev read the new partitions' first blocks (blkid) before the host wrote them.
-    disks_and_parts = [Vm.by_id(n) for n in names] + devices
-    vm.ssh("blockdev --flushbufs " + " ".join(disks_and_parts))
-    return sums
-
-
-# --------------------------------------------------------------------------- the Ansible role's layout
-
-# The OS partitions in front of partition 5 on a node the seed's role prepared (sgdisk arguments).
-ROLE_OS_TABLE = "-n1:1M:+32M -c1:efi -t1:ef00 -n2:33M:+64M -c2:boot -n3:97M:+64M -c3:swap -t3:8200 -n4:161M:+128M -c4:root"
-ROLE_MD = "/dev/md1"
-
-
-def ansible_role_layout(
-    vm: Vm, disks: Sequence[str], mountpoint: str, data: str = "model.safetensors", *, resynced: bool = True
-) -> dict[str, str]:
-    """What roles/gpu_model_storage left on k8s-worker-02, built on two blank disks (guest paths,
-    by-id): OS partitions 1-4, partition 5 from 34 GB (parted's decimal units) of
-    gpu_model_storage_partition_size_gb (1 here), `mdadm --create /dev/md1`, mkfs.xfs,
-    ansible.posix.mount by UUID with nofail, `mdadm --detail --scan` appended to mdadm.conf, and a
-    16 MiB file of data, the array resynced (the role ran long ago). With ``resynced=False`` the
-    array's first resync is slowed to 1 MB/s and still runs when this returns (about 17 minutes;
-    ``echo system > /sys/block/md1/md/sync_speed_max`` lets it finish). The disks must be larger
-    than 35 GB (sparse files are). Returns the data's path and sha256, the filesystem's and the
-    array's UUID and partition 5's start (bytes)."""
-    a, b = disks
-    vm.run_script(
-        "set -euo pipefail\n"
-        f"for d in {a} {b}; do sgdisk {ROLE_OS_TABLE} $d >/dev/null; parted -s -a optimal $d mkpart primary 34GB 35GB; done\n"
-        f"partprobe {a} {b}; udevadm settle\n"
-        f"mdadm --create {ROLE_MD} --level=1 --raid-devices=2 --metadata=1.2 --run {a}-part5 {b}-part5\n"
-        + ("" if resynced else "echo 1000 > /sys/block/md1/md/sync_speed_max\n")
-        + f"mkfs.xfs -q {ROLE_MD}; udevadm settle\n"
-        f"mkdir -p {mountpoint}; echo \"UUID=$(blkid -s UUID -o value {ROLE_MD}) {mountpoint} xfs defaults,nofail 0 0\" >> /etc/fstab\n"
-        # Only md1's line: the machine may run other arrays (the lab VM runs the lab stack's).
-        f"mdadm --detail --scan | grep '^ARRAY {ROLE_MD} ' >> /etc/mdadm/mdadm.conf\n"
-        f"mount {mountpoint}; head -c 16M /dev/urandom > {mountpoint}/{data}; sync\n"
-        + ("while [ $(cat /sys/block/md1/md/sync_action) != idle ]; do sleep 1; done\n" if resynced else ""),
-        timeout=900,
-    )
-
-    def out(command: str) -> str:
-        return vm.ssh(command).stdout.strip()
-
-    path = f"{mountpoint}/{data}"
-    return {
-        "path": path,
-        "data": out(f"sha256sum {path}").split()[0],
-        "fs_uuid": out(f"blkid -s UUID -o value {ROLE_MD}"),
-        "md_uuid": out(f"mdadm --detail --export {ROLE_MD} | sed -n 's/^MD_UUID=//p'"),
-        "start": out(f"parted -m -s {a} unit B print | grep '^5:' | cut -d: -f2"),
-    }
