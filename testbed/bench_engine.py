@@ -10,7 +10,7 @@ Measured in one run, so the ratios hold on any machine:
   resources (ConfigMaps, same engine, same kubernetes provider writing YAML) with no logic;
 - `pulumi up` with nothing to do, of the lab stack (its node is a throwaway VM) against the bare
   program again;
-- fleet scale (testbed/bench_fleet.py): generated stacks of 1×1, 8×16 and 32×100 nodes × models,
+- fleet scale (testbed/bench_fleet/): generated stacks of 1×1, 8×16 and 32×100 nodes × models,
   preview, up and no-op up against a bare program, the largest preview profiled, and a chart; then
   the same with PULUMI_SKIP_CHECKPOINTS=true (as pull requests preview), previews also against a
   replay of our resources (testbed/bench_replay.py), into a file of its own;

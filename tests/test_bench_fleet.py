@@ -1,4 +1,4 @@
-"""The fleet section of `make bench-engine` (testbed/bench_fleet.py) and what it stands on: node steps of
+"""The fleet section of `make bench-engine` (testbed/bench_fleet/) and what it stands on: node steps of
 different nodes wait for each other only where the runtime chain says so, the SSH stand-in runs nothing,
 the hook reports only on the program's process, and the report's arithmetic. The quick benchmark itself
 needs the built engine: `make e2e` runs it (check bench-engine-quick, GS_ENGINE_TESTS=1)."""
@@ -18,9 +18,25 @@ import yaml
 
 from components.node import RUNTIME_STEP
 from stacks.config import parse
-from testbed import bench_engine, bench_fleet
+from testbed import bench_engine
 from testbed.bench import generated_stack
-from testbed.bench_fleet import Pair, Sample, Shape, SizeResult
+from testbed.bench_fleet.loopback import CLUSTER_NODE, ClusterResult, cluster_config
+from testbed.bench_fleet.measure import (
+    QUICK_SIZES,
+    SYSTEM_PYTHON,
+    Pair,
+    Sample,
+    Shape,
+    SizeResult,
+    bench_env,
+    disk_chains_overlapping,
+    hook_env,
+    node_names,
+    peak_mib,
+    ssh_standin,
+)
+from testbed.bench_fleet.profiling import PHASES, Profile, busy, engine_parts, phases, pprof_seconds, program_parts, spans
+from testbed.bench_fleet.report import CHART, cluster_markdown, growth, markdown
 from testbed.e2e.run import rendering
 from testbed.standins.ssh import chains, overlapping_nodes, read_log, step_of
 from tools.render import ROOT, Render, run_program
@@ -132,7 +148,7 @@ def test_disk_steps_side_by_side_are_counted_per_node_within_one_up() -> None:
     sessions = [s("gpu-00", "10-preflight", 1), s("gpu-01", "10-preflight", 1.5), s("gpu-00", "20-partition", 2),
                 s("gpu-01", "20-partition", 2.5), s("gpu-02", "10-preflight", 3), s("gpu-02", "80-runtime", 1.2),
                 s("gpu-02", "20-partition", 3.5), s("gpu-03", "10-preflight", 20), s("gpu-00", "30-raid", 21)]
-    assert bench_fleet.disk_chains_overlapping(sessions, (0, 10)) == 2
+    assert disk_chains_overlapping(sessions, (0, 10)) == 2
     assert [c["node"] for c in chains(sessions[:2])] == ["gpu-00", "gpu-01"]
 
 
@@ -143,17 +159,17 @@ def test_step_names_come_from_the_rendered_script_header(prod: Render) -> None:
 
 
 def system_python_has_asyncssh() -> bool:
-    probe = subprocess.run([bench_fleet.SYSTEM_PYTHON, "-c", "import asyncssh"], capture_output=True)
+    probe = subprocess.run([SYSTEM_PYTHON, "-c", "import asyncssh"], capture_output=True)
     return probe.returncode == 0
 
 
-@pytest.mark.skipif(not Path(bench_fleet.SYSTEM_PYTHON).exists() or not system_python_has_asyncssh(),
+@pytest.mark.skipif(not Path(SYSTEM_PYTHON).exists() or not system_python_has_asyncssh(),
                     reason="needs Debian's python3-asyncssh (bash testbed/vm/install-host-deps.sh)")
 def test_ssh_standin_answers_every_exec_and_runs_nothing(tmp_path: Path, prod: Render) -> None:
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "key")], check=True)
     log, marker = tmp_path / "sessions.jsonl", tmp_path / "ran"
     script = prod.of_type("command:remote:Command")[0].inputs["create"] + f"\ntouch {marker}\n"
-    with bench_fleet.ssh_standin(["gpu-00", "gpu-01"], log) as ports:
+    with ssh_standin(["gpu-00", "gpu-01"], log) as ports:
         assert set(ports) == {"gpu-00", "gpu-01"}
         proc = subprocess.run(["ssh", "-p", str(ports["gpu-01"]), "-i", str(tmp_path / "key"), "-o", "BatchMode=yes",
                                "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "root@127.0.0.1", script],
@@ -175,17 +191,17 @@ def test_hook_reports_peak_memory_and_a_profile_of_the_program_process_only(tmp_
     other = tmp_path / "something-else.py"
     other.write_text("pass\n")
     out, stats = tmp_path / "hook.jsonl", tmp_path / "program.prof"
-    env = {**os.environ, **bench_fleet.hook_env(out, stats)}
+    env = {**os.environ, **hook_env(out, stats)}
     for script in (program, other):
         subprocess.run([sys.executable, str(script)], env=env, check=True, timeout=60)
     [report] = [json.loads(line) for line in out.read_text().splitlines()]
-    assert bench_fleet.peak_mib(out) >= 64
-    assert report["peakKib"] / 1024 == bench_fleet.peak_mib(out)
+    assert peak_mib(out) >= 64
+    assert report["peakKib"] / 1024 == peak_mib(out)
     assert stats.stat().st_size > 0
 
 
 def test_bench_environment_caches_bytecode_outside_the_venv(tmp_path: Path) -> None:
-    env = bench_fleet.bench_env({"PYTHONDONTWRITEBYTECODE": "1", "PATH": "/bin"}, tmp_path)
+    env = bench_env({"PYTHONDONTWRITEBYTECODE": "1", "PATH": "/bin"}, tmp_path)
     assert "PYTHONDONTWRITEBYTECODE" not in env
     assert env["PYTHONPYCACHEPREFIX"] == str(tmp_path / "pycache")
 
@@ -198,9 +214,9 @@ def span(name: str, start: float, end: float, service: str = "pulumi-cli") -> di
 
 
 def test_busy_time_is_the_union_of_intervals() -> None:
-    assert bench_fleet.busy([(0, 2), (1, 3), (5, 6)]) == 4
-    assert bench_fleet.busy([(0, 4), (1, 2)]) == 4
-    assert bench_fleet.busy([]) == 0
+    assert busy([(0, 2), (1, 3), (5, 6)]) == 4
+    assert busy([(0, 4), (1, 2)]) == 4
+    assert busy([]) == 0
 
 
 def test_phases_of_a_traced_preview(tmp_path: Path) -> None:
@@ -214,13 +230,13 @@ def test_phases_of_a_traced_preview(tmp_path: Path) -> None:
         "resource": {"attributes": [{"key": "service.name", "value": {"stringValue": s["service"]}}]},
         "scopeSpans": [{"spans": [{"name": s["name"], "startTimeUnixNano": str(int(s["start"] * 1e9)),
                                    "endTimeUnixNano": str(int(s["end"] * 1e9))}]}]}]}) for s in found) + "\n")
-    assert bench_fleet.spans(trace) == found
-    phases = list(bench_fleet.phases(found).values())
-    assert phases == pytest.approx([10, 2, 0.5, 7, 3, 1, 0.5, 1])
+    assert spans(trace) == found
+    seconds = list(phases(found).values())
+    assert seconds == pytest.approx([10, 2, 0.5, 7, 3, 1, 0.5, 1])
 
 
 def test_program_profile_groups_our_code_by_part(tmp_path: Path) -> None:
-    group, _ = bench_fleet.program_parts(tmp_path)
+    group, _ = program_parts(tmp_path)
     assert group((f"{tmp_path}/stacks/placement.py", 1, "check")).startswith("our program: placement")
     assert group((f"{tmp_path}/stacks/config/load.py", 1, "load")).startswith("our program: config")
     assert group((f"{tmp_path}/components/node.py", 1, "steps")).startswith("our program: spec building")
@@ -242,7 +258,7 @@ def result(nodes: int, models: int, resources: int, preview: tuple[float, float]
 
 def test_report_has_a_row_per_size_and_the_goals() -> None:
     rows = [result(1, 1, 28, (3.0, 2.5)), result(8, 16, 300, (8.0, 6.0)), result(32, 100, 1100, (24.0, 19.0))]
-    report = bench_fleet.markdown(rows, None, 5, "pulumi v0", "chart.png")
+    report = markdown(rows, None, 5, "pulumi v0", "chart.png")
     assert "| 1 × 1 | 28 (8) | 3.00 / 2.50 | **1.20×** |" in report
     assert "| 32 × 100 | 1100 (256) | 24.00 / 19.00 | **1.26×** |" in report
     # ms per resource above the 1×1 stack: (8-3)/272 and (24-3)/1072; the largest over the next.
@@ -266,40 +282,40 @@ Duration: 23.13s, Total samples = 20.66s (89.34%)
 
 
 def test_engine_profile_parts_come_from_pprofs_cumulative_column() -> None:
-    parts = dict(bench_fleet.engine_parts(PPROF_TOP))
+    parts = dict(engine_parts(PPROF_TOP))
     assert list(parts.values()) == pytest.approx([20.66, 17.02, 7.79, 4.87, 0.45])
-    assert bench_fleet.pprof_seconds("2.5mins") == 150
-    missing = dict(bench_fleet.engine_parts(PPROF_TOP.replace("diy.backupTarget", "diy.somethingElse")))
+    assert pprof_seconds("2.5mins") == 150
+    missing = dict(engine_parts(PPROF_TOP.replace("diy.backupTarget", "diy.somethingElse")))
     assert missing["of which copying the previous state to .bak"] == 0
     with pytest.raises(ValueError, match="Total samples"):
-        bench_fleet.engine_parts("File: pulumi\n")
+        engine_parts("File: pulumi\n")
 
 
 def test_report_shows_the_engines_cpu_shares_when_profiled() -> None:
     rows = [result(1, 1, 28, (3.0, 2.5)), result(2, 3, 60, (4.0, 3.0))]
-    profile = bench_fleet.Profile({phase: {"ours": 1.0, "bare": 1.0} for phase in bench_fleet.PHASES}, [("x", 1.0)], 1.0,
-                                  bench_fleet.engine_parts(PPROF_TOP))
-    report = bench_fleet.markdown(rows, profile, 1, "pulumi v0", None)
+    profile = Profile({phase: {"ours": 1.0, "bare": 1.0} for phase in PHASES}, [("x", 1.0)], 1.0,
+                                  engine_parts(PPROF_TOP))
+    report = markdown(rows, profile, 1, "pulumi v0", None)
     assert "| saving the whole state (SnapshotManager.saveSnapshot) | 17.02 | 82% |" in report
 
 
 def test_the_cluster_run_is_the_generated_stack_without_what_no_controller_here_serves() -> None:
-    ports = {name: 20000 + i for i, name in enumerate(bench_fleet.node_names(3, 5))}
-    raw = bench_fleet.cluster_config(3, 5, ports, "/tmp/kubeconfig")
+    ports = {name: 20000 + i for i, name in enumerate(node_names(3, 5))}
+    raw = cluster_config(3, 5, ports, "/tmp/kubeconfig")
     config = parse(raw)  # still a stack the program takes
     assert [m.name for m in config.models] == [f"model-{i:03d}" for i in range(5)]
     assert all(m.ingress is None for m in config.models)
     assert raw["cluster"] == {"namespace": "bench", "kubeconfig": {"path": "/tmp/kubeconfig"}}
     assert [(n["ssh"]["host"], n["ssh"]["port"]) for n in raw["nodes"]] == [("127.0.0.1", 20000 + i) for i in range(3)]
-    gpus = bench_fleet.CLUSTER_NODE.split(":")[0]
+    gpus = CLUSTER_NODE.split(":")[0]
     assert max(n.gpu.count for n in config.nodes) <= int(gpus)
     largest = generated_stack(100, 32)["config"]["gpu-serving:nodes"]
     assert max(n["gpu"]["count"] for n in largest) <= int(gpus)
 
 
 def test_cluster_report_says_what_ran_and_what_the_no_op_did() -> None:
-    result = bench_fleet.ClusterResult(32, 100, 1400, "v1.37.2", 300.0, 40.0, 0, {"same": 1400}, 32, 12.5)
-    report = bench_fleet.cluster_markdown(result)
+    result = ClusterResult(32, 100, 1400, "v1.37.2", 300.0, 40.0, 0, {"same": 1400}, 32, 12.5)
+    report = cluster_markdown(result)
     assert "#### 32 × 100 on the loopback cluster" in report
     assert ("| first `pulumi up` | 300.0 | 1400 resources in the state (providers included); "
             "the disk steps of **32** of 32 nodes ran side by side |") in report
@@ -307,7 +323,7 @@ def test_cluster_report_says_what_ran_and_what_the_no_op_did() -> None:
 
 
 def test_growth_needs_three_sizes() -> None:
-    assert bench_fleet.growth([result(1, 1, 28, (3, 2)), result(2, 3, 60, (4, 3))]) is None
+    assert growth([result(1, 1, 28, (3, 2)), result(2, 3, 60, (4, 3))]) is None
 
 
 # ---------------------------------------------------------------------------- the quick run, on the real engine
@@ -331,14 +347,14 @@ def test_quick_engine_bench_writes_its_fleet_table_chart_and_profile(tmp_path: P
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = out.read_text()
     assert "`pulumi preview` of the prod stack" in report
-    for nodes, models in bench_fleet.QUICK_SIZES:
+    for nodes, models in QUICK_SIZES:
         row = re.search(rf"^\| {nodes} × {models} \| (\d+) \((\d+)\) \|(.*)$", report, flags=re.MULTILINE)
         assert row, f"no row for {nodes} × {models}"
         assert int(row.group(1)) == offline_count(nodes, models, tmp_path)
         ratios = [float(r) for r in re.findall(r"\*\*([\d.]+)×\*\*", row.group(3))]
         assert len(ratios) == 3 and all(r > 0 for r in ratios), row.group(0)
         assert row.group(3).split("|")[-4].strip() == "0", "a no-op up ran Commands"
-    assert (tmp_path / bench_fleet.CHART).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (tmp_path / CHART).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     program, engine = report.split("The CLI's CPU in one more `up`", 1)
     shares = [int(s) for s in re.findall(r"^\| [^|]+ \| [\d.]+ \| (\d+)% \|$", program, flags=re.MULTILINE)]
     assert len(shares) >= 5 and 97 <= sum(shares) <= 103
@@ -349,7 +365,7 @@ def test_quick_engine_bench_writes_its_fleet_table_chart_and_profile(tmp_path: P
     # once, so saving it is a far smaller share of the same up (64 % against 5 % when written).
     skipped = (tmp_path / bench_engine.SKIP_NAME).read_text()
     assert skipped.startswith("### Fleet scale with `PULUMI_SKIP_CHECKPOINTS=true`")
-    for nodes, models in bench_fleet.QUICK_SIZES:
+    for nodes, models in QUICK_SIZES:
         row = re.search(rf"^\| {nodes} × {models} \| {offline_count(nodes, models, tmp_path)} \(\d+\) \|(.*)$", skipped, flags=re.MULTILINE)
         assert row, f"no row for {nodes} × {models}"
         # preview, up and no-op up against the small bare program, and the preview against the replay

@@ -1,0 +1,27 @@
+"""The fleet section: every size measured, smallest first, then the largest profiled."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from testbed.bench_fleet.measure import SizeResult, fleet_key, measure_size
+from testbed.bench_fleet.profiling import Profile, profile_largest, profile_largest_up
+from testbed.e2e.run import Run
+
+
+def fleet(program: Run, bare: Run, sizes: list[tuple[int, int]], runs: int, work: Path,
+          *, profile: bool, replay: Run | None = None) -> tuple[list[SizeResult], Profile | None]:
+    """Every size, smallest first; then the profile of the largest preview."""
+    key = fleet_key(work)
+    rows = []
+    for nodes, models in sizes:
+        print(f"fleet {nodes}x{models}: preview, up, no-op up, {runs} runs each", flush=True)
+        rows.append(measure_size(nodes, models, program, bare, runs, key, work, warm_up=not rows, replay=replay))
+    found = None
+    if profile:
+        nodes, models = sizes[-1]
+        name = f"fleet-{nodes}x{models}"
+        # Preview dials no node: the stand-in the stacks name is gone by now, and not needed.
+        found = profile_largest(program, bare, f"{name}-preview", f"{name}-bare-preview", work / name)
+        found.engine = profile_largest_up(program, nodes, models, key, work / name)
+    return rows, found
