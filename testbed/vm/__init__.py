@@ -10,14 +10,14 @@ scripts run on a real kernel (tests/vm), and the lab and benchmark VMs of the te
         ...
 
 Where each part lives: machine.py (the VM: qemu, disks, boots, stop), ssh.py (commands, scripts and
-files in the guest), image.py and build-image.sh (the image), booted.py (the saved boot), disks.py
+files in the guest), image.py and build-image.sh (the image), booted.py (saving a booted guest, cached beside the image), disks.py
 and layouts.py (the disks' hashes and the layouts tests build on them). Imported by their own names:
 testbed.vm.steps (the node steps a VM test runs, rendered offline: it imports the renderer and the
 Pulumi SDK, which the lab VM and the harness do without) and testbed.vm.fakes (stand-ins for the
 container runtime's packages). README.md has the rest.
 """
 
-from testbed.vm.booted import BootedState, ensure_booted_state
+from testbed.vm.booted import ensure_booted_state
 from testbed.vm.disks import GiB, MiB, checksum_regions
 from testbed.vm.errors import SshError, VmError
 from testbed.vm.image import ensure_image
@@ -30,7 +30,7 @@ from testbed.vm.layouts import (
     os_layout_sha256s,
     partition_sha256s,
 )
-from testbed.vm.machine import DEFAULT_DISKS, Vm, discard, running
+from testbed.vm.machine import DEFAULT_DISKS, BootedState, Vm, discard, running
 
 __all__ = [
     "DEFAULT_DISKS",

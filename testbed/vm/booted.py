@@ -16,29 +16,7 @@ from pathlib import Path
 
 from testbed.vm.errors import VmError
 from testbed.vm.image import ensure_image
-from testbed.vm.machine import ROOT_PORTS, Vm
-
-
-class BootedState:
-    """A guest booted once with no extra disks and saved while running: its root disk
-    (``root.qcow2``, frozen) and its memory and device state (``state``, qemu's migration
-    stream). ``Vm(..., booted=state)`` resumes it in seconds instead of booting (~40-70 s).
-    Made by :func:`save_booted_state`; valid for the qemu binary and harness that made it."""
-
-    def __init__(self, folder: Path, image: Path, memory_mib: int, cpus: int, root_ports: int) -> None:
-        self.folder = folder
-        self.image = image
-        self.memory_mib = memory_mib
-        self.cpus = cpus
-        self.root_ports = root_ports
-
-    @property
-    def root_disk(self) -> Path:
-        return self.folder / "root.qcow2"
-
-    @property
-    def state(self) -> Path:
-        return self.folder / "state"
+from testbed.vm.machine import ROOT_PORTS, BootedState, Vm
 
 
 def save_booted_state(
