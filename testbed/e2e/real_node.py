@@ -398,7 +398,7 @@ class RealNodeEndToEnd(ClusterEndToEnd):
             for name in sorted(steps):
                 self.vm.ssh(steps[name], timeout=900)
             # A release that changes only a comment of lib.sh: the engine re-runs every step.
-            lib = self.project / "components" / "node_scripts" / "lib.sh"
+            lib = self.project / "components" / "node" / "scripts" / "lib.sh"
             shebang, strict, rest = lib.read_text().split("\n", 2)  # the program requires these two lines first
             lib.write_text(f"{shebang}\n{strict}\n# real-live-rerun: a release changed this comment\n{rest}")
             self.pulumi("up", "--yes", "--skip-preview", stack="node", timeout=1800)

@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from components.node import storage_outputs  # noqa: E402
+from components.node.reports import storage_outputs  # noqa: E402
 from stacks.config import Node, usable_gib  # noqa: E402
 from tools.render import RenderError  # noqa: E402
 
