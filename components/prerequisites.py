@@ -31,8 +31,7 @@ from typing import Any
 import pulumi
 import yaml
 
-from components.serving import needs_adapter_rules
-from components.serving.autoscaling import autoscaler
+from components.serving import autoscaler, needs_adapter_rules
 from stacks.config import StackConfig
 
 TIMEOUT_S = 5

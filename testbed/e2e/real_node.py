@@ -26,8 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from components.serving.drain import PRESTOP_S
-from components.serving.profile import NON_ROOT_UID
+from components.serving import NON_ROOT_UID, PRESTOP_S
 from testbed.e2e.cluster_checks import ClusterEndToEnd, _free_port_block, _time
 from testbed.e2e.run import CheckError, require, stack_raw, tail
 from testbed.node.join import BUNDLE_DISK, GUEST_IP, HUB_GUEST_PORT, POD_GATEWAY, RealNode, make_bundle, ssh_forward
