@@ -12,8 +12,8 @@ from stacks.config import ROLLOUT_SALT_SECRET
 
 config = stacks.load()
 # Secrets are read here only, with `stacks.secret`, and handed to the components as arguments.
-source = config.cluster.kubeconfig
-kubeconfig_secret = stacks.secret(source.secret) if source and source.secret else None
+kubeconfig = config.cluster.kubeconfig
+kubeconfig_secret = stacks.secret(kubeconfig.secret) if kubeconfig and kubeconfig.secret else None
 warn_missing(config, kubeconfig_secret)  # at preview only: what the cluster lacks (ingress controller, cert-manager, adapter, KEDA)
 kubernetes = pulumi.ResourceOptions(providers=[kubernetes_provider(config.cluster, kubeconfig_secret)])
 
