@@ -87,7 +87,7 @@ test-vm: $(STAMP)
 	bash testbed/vm/install-host-deps.sh
 	GS_VM_TESTS=1 $(PY) -m pytest -q -n auto --dist loadfile --durations=20 tests/vm
 
-SHELL_SCRIPTS = $(wildcard components/node_scripts/*.sh testbed/vm/*.sh testbed/vm/fakes/*.sh testbed/engine/*.sh testbed/cluster/*.sh testbed/checkers/*.sh .ci/run)
+SHELL_SCRIPTS = $(wildcard components/node/scripts/*.sh components/serving/programs/*.sh testbed/vm/*.sh testbed/vm/fakes/*.sh testbed/engine/*.sh testbed/cluster/*.sh testbed/checkers/*.sh .ci/run)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

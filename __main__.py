@@ -4,22 +4,36 @@ import pulumi
 
 import stacks
 from components.cluster import ClusterArgs, ClusterBase, applied_annotations, kubernetes_provider
-from components.node import gpu_nodes, labelled_for
+from components.node import GpuNodeArgs, gpu_nodes, labelled_for
 from components.prerequisites import warn_missing
 from components.serving import VllmService, VllmServiceArgs, adapter_rules, needs_adapter_rules, reference_grant
 from components.storage import ModelStorage, ModelStorageArgs
 from stacks.config import ROLLOUT_SALT_SECRET
 
 config = stacks.load()
-warn_missing(config)  # at preview only: what the cluster lacks (ingress controller, cert-manager, adapter, KEDA)
-kubernetes = pulumi.ResourceOptions(providers=[kubernetes_provider(config.cluster)])
+# Secrets are read here only, with `stacks.secret`, and handed to the components as arguments.
+kubeconfig = config.cluster.kubeconfig
+kubeconfig_secret = stacks.secret(kubeconfig.secret) if kubeconfig and kubeconfig.secret else None
+warn_missing(config, kubeconfig_secret)  # at preview only: what the cluster lacks (ingress controller, cert-manager, adapter, KEDA)
+kubernetes = pulumi.ResourceOptions(providers=[kubernetes_provider(config.cluster, kubeconfig_secret)])
 
 rules = adapter_rules() if needs_adapter_rules(config.cluster, config.models) else None
 grant = reference_grant(config.cluster, config.models)
 cluster = ClusterBase("cluster", ClusterArgs(config.cluster, adapter_rules=rules, hold_grant=grant, nodes=tuple(config.nodes)),
                       opts=kubernetes)
 
-nodes = gpu_nodes(config.nodes, config.cluster, opts=kubernetes)
+nodes = gpu_nodes(
+    [
+        GpuNodeArgs(
+            node=node,
+            cluster=config.cluster,
+            private_key=stacks.secret(node.ssh.private_key_secret),
+            host_key=stacks.secret(node.ssh.host_key_secret) if node.ssh.host_key_secret else None,
+        )
+        for node in config.nodes
+    ],
+    opts=kubernetes,
+)
 
 storage_node = config.node(config.model_storage.node) if config.model_storage.type == "local" else None
 model_storage = ModelStorage(

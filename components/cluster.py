@@ -9,7 +9,6 @@ from typing import Any
 import pulumi
 import pulumi_kubernetes as k8s
 
-import stacks
 from components.sharing import DEVICE_PLUGIN_CONFIG_LABEL, device_plugin_configs, mig_parted_config, time_slicing_configs
 from stacks.config import Cluster as ClusterConfig
 from stacks.config import Node
@@ -28,17 +27,20 @@ def applied_annotations(cluster: ClusterConfig, annotations: dict[str, str] | No
     return merged or None
 
 
-def kubernetes_provider(cluster: ClusterConfig) -> k8s.Provider:
+def kubernetes_provider(cluster: ClusterConfig, kubeconfig_secret: pulumi.Input[str] | None = None) -> k8s.Provider:
     """Always an explicit provider: a stack never deploys to whatever the ambient kubeconfig points at.
     With `renderYamlTo` the provider writes YAML into that folder and talks to no cluster. Its kubeconfig
     is given as "" (none): left out, the SDK takes the shell's `KUBECONFIG`, and the provider then
-    refuses the stack ("kubeconfig" arg is not compatible with "renderYamlToDirectory" arg)."""
+    refuses the stack ("kubeconfig" arg is not compatible with "renderYamlToDirectory" arg).
+    `kubeconfig_secret` is the text of the secret `cluster.kubeconfig.secret` names (None without one)."""
     if cluster.render_yaml_to is not None:
         return k8s.Provider("kubernetes", render_yaml_to_directory=cluster.render_yaml_to, namespace=cluster.namespace,
                             kubeconfig="")
     source = cluster.kubeconfig
     assert source is not None  # the config requires one of the two
-    kubeconfig = stacks.secret(source.secret) if source.secret else source.path
+    if source.secret:
+        assert kubeconfig_secret is not None, f"kubeconfig_secret: the secret {source.secret} is not passed"
+    kubeconfig = kubeconfig_secret if source.secret else source.path
     return k8s.Provider(
         "kubernetes",
         kubeconfig=kubeconfig,

@@ -31,9 +31,7 @@ from typing import Any
 import pulumi
 import yaml
 
-import stacks
-from components.serving import needs_adapter_rules
-from components.serving.autoscaling import autoscaler
+from components.serving import autoscaler, needs_adapter_rules
 from stacks.config import StackConfig
 
 TIMEOUT_S = 5
@@ -267,14 +265,16 @@ def report(config: StackConfig, kubeconfig_text: str, source: str, base: Path) -
         pulumi.log.info(line)
 
 
-def warn_missing(config: StackConfig, base: Path | None = None) -> None:
-    """At `pulumi preview` (and the preview of `pulumi up`) against a cluster: warn for each missing piece."""
+def warn_missing(config: StackConfig, kubeconfig_secret: pulumi.Output[str] | None = None, base: Path | None = None) -> None:
+    """At `pulumi preview` (and the preview of `pulumi up`) against a cluster: warn for each missing piece.
+    `kubeconfig_secret` is the text of the secret `cluster.kubeconfig.secret` names (None without one)."""
     source = config.cluster.kubeconfig
     if source is None or config.cluster.render_yaml_to is not None or not pulumi.runtime.is_dry_run():
         return
     base = base or Path.cwd()
     if source.secret:
-        stacks.secret(source.secret).apply(lambda text: report(config, text, f"secret {source.secret}", base))
+        assert kubeconfig_secret is not None, f"kubeconfig_secret: the secret {source.secret} is not passed"
+        kubeconfig_secret.apply(lambda text: report(config, text, f"secret {source.secret}", base))
         return
     assert source.path is not None
     path = base / source.path

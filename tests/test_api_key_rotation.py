@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from components.serving import API_KEY_ANNOTATION, api_key_digest
+from components.serving.credentials import ANNOTATION as API_KEY_ANNOTATION
+from components.serving.credentials import api_key_digest
 from stacks.config import ROLLOUT_SALT_SECRET, parse
 from tests.test_config import prod_raw
 from tools.render import Render

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from components.node import RUNTIME_STEP
+from components.node.steps import RUNTIME_STEP
 from stacks.config import parse
 from testbed import bench_engine
 from testbed.bench import generated_stack
@@ -239,7 +239,7 @@ def test_program_profile_groups_our_code_by_part(tmp_path: Path) -> None:
     group, _ = program_parts(tmp_path)
     assert group((f"{tmp_path}/stacks/placement.py", 1, "check")).startswith("our program: placement")
     assert group((f"{tmp_path}/stacks/config/load.py", 1, "load")).startswith("our program: config")
-    assert group((f"{tmp_path}/components/node.py", 1, "steps")).startswith("our program: spec building")
+    assert group((f"{tmp_path}/components/node/steps.py", 1, "steps")).startswith("our program: spec building")
     assert group((f"{tmp_path}/venv/lib/python3.11/site-packages/pulumi/output.py", 1, "apply")).startswith("Pulumi SDK")
     assert group(("~", 0, "<method 'poll' of 'select.epoll' objects>")).startswith("waiting")
     assert group(("/usr/lib/python3.11/json/decoder.py", 1, "decode")) is None  # counts for its caller

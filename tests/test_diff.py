@@ -132,13 +132,13 @@ def test_make_diff_prints_the_summary_and_no_make_error(clone: Path) -> None:
 
 
 def rendered(name: str, **params: str) -> str:
-    from components.node import render_script
+    from components.node.script import render_script
 
     return render_script(f"{name}.sh", params)
 
 
 def test_reruns_are_listed_per_node_with_their_reason(monkeypatch) -> None:
-    from components import node as gpunode
+    from components.node import script as node_script
 
     mount = {"GS_RAID_NAME": "models", "GS_MOUNTPOINT": "/mnt/models", "GS_DEVICE_TIMEOUT": "30", "GS_KUBELET": "kubelet"}
     runtime = {"GS_RUNTIME": "containerd", "GS_SET_AS_DEFAULT": "true"}
@@ -146,9 +146,9 @@ def test_reruns_are_listed_per_node_with_their_reason(monkeypatch) -> None:
                           step("n2:80-runtime", rendered("80-runtime", **runtime), host="n2"),
                           step("n3:80-runtime", rendered("80-runtime", **runtime), host="n3")])
     # A release that changed only a comment in lib.sh, and n1's mountpoint; n3 gets a new address.
-    lib = gpunode._body("lib.sh")
-    body = gpunode._body
-    monkeypatch.setattr(gpunode, "_body", lambda f: lib + "# a comment\n" if f == "lib.sh" else body(f))
+    lib = node_script._body("lib.sh")
+    body = node_script._body
+    monkeypatch.setattr(node_script, "_body", lambda f: lib + "# a comment\n" if f == "lib.sh" else body(f))
     new = snapshot([PV], [step("n1:50-mount", rendered("50-mount", **(mount | {"GS_MOUNTPOINT": "/mnt/m2"}))),
                           step("n1:80-runtime", rendered("80-runtime", **runtime)),
                           step("n2:80-runtime", rendered("80-runtime", **runtime), host="n2"),
@@ -175,7 +175,7 @@ def test_a_step_body_change_is_named_and_nothing_rerun_means_no_table() -> None:
 
 
 def test_a_lib_change_on_a_clone_lists_every_step_of_the_node(clone: Path) -> None:
-    lib = clone / "components" / "node_scripts" / "lib.sh"
+    lib = clone / "components" / "node" / "scripts" / "lib.sh"
     lib.write_text(lib.read_text() + "# a comment a release added\n")
     result = run_diff(clone, "HEAD", "prod")
     assert result.returncode == 1, result.stderr

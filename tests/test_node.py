@@ -18,12 +18,15 @@ from typing import Any
 import pytest
 import yaml
 
-from components import node as gpunode
+from components.node import component as node_component
+from components.node import reports as node_reports
+from components.node import script as node_script
+from components.node import steps as node_steps
 from stacks.config import parse, partition_bytes, size_gb_for
 from tools.render import node_scripts
 
 ROOT = Path(__file__).resolve().parent.parent
-SCRIPTS = ROOT / "components" / "node_scripts"
+SCRIPTS = ROOT / "components" / "node" / "scripts"
 SHELLCHECK = shutil.which("shellcheck") or str(Path(sys.executable).parent / "shellcheck")
 COMMAND = "command:remote:Command"
 NODE = "k8s-worker-02"
@@ -58,9 +61,9 @@ def shellcheck(*paths: Path) -> None:
 
 def test_raw_scripts_are_shellcheck_clean_and_strict():
     files = sorted(SCRIPTS.glob("*.sh"))
-    assert {f.name for f in files} >= {f"{s}.sh" for s in gpunode.STEP_PARAMS} | {"lib.sh", "delete.sh"}
+    assert {f.name for f in files} >= {f"{s}.sh" for s in node_steps.STEP_PARAMS} | {"lib.sh", "delete.sh"}
     for f in files:
-        assert f.read_text().startswith(gpunode.HEADER), f.name
+        assert f.read_text().startswith(node_script.HEADER), f.name
     shellcheck(*files)
 
 
@@ -77,7 +80,7 @@ def test_rendered_scripts_are_shellcheck_clean(prod, tmp_path):
 
 def test_rendered_files_are_exactly_the_create_scripts(prod):
     files = node_scripts(prod)
-    assert sorted(files) == [f"nodes/{NODE}/{s}.sh" for s in gpunode.STEP_PARAMS]
+    assert sorted(files) == [f"nodes/{NODE}/{s}.sh" for s in node_steps.STEP_PARAMS]
     for name, cmd in commands(prod).items():
         assert files[f"nodes/{NODE}/{name}.sh"] == cmd.inputs["create"]
 
@@ -87,9 +90,9 @@ def lib_of(script: str) -> str:
 
 
 def test_each_step_carries_the_helpers_it_calls_and_no_other(prod):
-    lib = gpunode._body("lib.sh")
-    functions = {name for name, _ in gpunode.lib_parts(lib) if name}
-    assert "".join(text for _, text in gpunode.lib_parts(lib)) == lib
+    lib = node_script._body("lib.sh")
+    functions = {name for name, _ in node_script.lib_parts(lib) if name}
+    assert "".join(text for _, text in node_script.lib_parts(lib)) == lib
     assert len(functions) > 25
     for step, cmd in commands(prod).items():
         script = cmd.inputs["create"]
@@ -101,23 +104,23 @@ def test_each_step_carries_the_helpers_it_calls_and_no_other(prod):
         calls = {name for name in functions if words.count(name) > (name in defined)}  # more than its definition
         assert calls - defined == set(), f"{step} calls helpers it lacks"
         assert defined - calls == set(), f"{step} carries helpers it never calls"
-        assert len(script) < len(lib) + len(gpunode._body(f"{step}.sh")), step
+        assert len(script) < len(lib) + len(node_script._body(f"{step}.sh")), step
 
 
 @pytest.mark.parametrize(("helper", "steps"), [
     ("cri_up", {"80-runtime"}),
     ("kube_units", {"50-mount"}),
     ("scan_disk", {"10-preflight", "20-partition", "30-raid", "60-grow"}),
-    ("die", set(gpunode.STEP_PARAMS)),
+    ("die", set(node_steps.STEP_PARAMS)),
 ])
 def test_a_helper_change_re_runs_only_the_steps_that_call_it(helper: str, steps: set[str], monkeypatch) -> None:
     config = parse({k.split(":", 1)[1]: v for k, v in yaml.safe_load((ROOT / "Pulumi.prod.yaml").read_text())["config"].items()
                     if k.startswith("gpu-serving:")})
-    before = {s.name: s.create for s in gpunode.steps(config.nodes[0], config.cluster)}
-    body = gpunode._body
+    before = {s.name: s.create for s in node_steps.steps(config.nodes[0], config.cluster)}
+    body = node_script._body
     changed = body("lib.sh").replace(f"{helper}() {{", f"{helper}() {{\n  : a release changed this helper", 1)
-    monkeypatch.setattr(gpunode, "_body", lambda f: changed if f == "lib.sh" else body(f))
-    after = {s.name: s.create for s in gpunode.steps(config.nodes[0], config.cluster)}
+    monkeypatch.setattr(node_script, "_body", lambda f: changed if f == "lib.sh" else body(f))
+    after = {s.name: s.create for s in node_steps.steps(config.nodes[0], config.cluster)}
     assert {name for name in before if before[name] != after[name]} == steps
 
 
@@ -133,7 +136,7 @@ def test_parameters_come_first_and_quoted(prod):
 def test_quoting_does_not_depend_on_config_validation(tmp_path):
     nasty = ["/dev/disk/by-id/a b'c", "/dev/$(touch /tmp/pwned)`x`;rm -rf /"]
     params = {"GS_DISKS": nasty, "GS_RAID_NAME": "m'; reboot #", "GS_PART_NAME": "gs-x", "GS_PART_BYTES": "1048576"}
-    text = gpunode.render_script("10-preflight.sh", params)
+    text = node_script.render_script("10-preflight.sh", params)
     expected_disks = "GS_DISKS=(" + " ".join(shlex.quote(d) for d in nasty) + ")"
     assert expected_disks in text.splitlines()
     assert "GS_RAID_NAME='m'\"'\"'; reboot #'" in text.splitlines()
@@ -149,14 +152,14 @@ def test_quoting_does_not_depend_on_config_validation(tmp_path):
     assert result.stdout.splitlines() == [*nasty, "m'; reboot #"]
     assert not Path("/tmp/pwned").exists()
     # bash reads the values back unchanged.
-    probe = gpunode.assignments(params) + 'printf "%s\\n" "${GS_DISKS[@]}" "$GS_RAID_NAME"\n'
+    probe = node_script.assignments(params) + 'printf "%s\\n" "${GS_DISKS[@]}" "$GS_RAID_NAME"\n'
     out = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, check=True).stdout
     assert out.splitlines() == [*nasty, "m'; reboot #"]
 
 
 def test_bad_parameter_names_are_refused():
     with pytest.raises(ValueError):
-        gpunode.assignments({"X; rm": "1"})
+        node_script.assignments({"X; rm": "1"})
 
 
 def test_render_is_deterministic(render):
@@ -268,9 +271,9 @@ def test_unrelated_config_changes_rerun_nothing(render, prod):
 
 def test_chain_retain_secret_outputs_and_timeouts(prod):
     cmds = commands(prod)
-    assert list(cmds) == list(gpunode.STEP_PARAMS)
+    assert list(cmds) == list(node_steps.STEP_PARAMS)
     urn = {name: cmd.urn for name, cmd in cmds.items()}
-    disk = list(gpunode.DISK_STEPS)
+    disk = list(node_steps.DISK_STEPS)
     for previous, step in itertools.pairwise(disk):
         assert cmds[step].options["dependsOn"] == [urn[previous]]
     assert "dependsOn" not in cmds["80-runtime"].options  # independent of the disks
@@ -292,12 +295,12 @@ def test_the_node_lock_waits_as_long_as_the_longest_step_may_run():
     def seconds(t: str) -> int:
         return int(t[:-1]) * {"s": 1, "m": 60, "h": 3600}[t[-1]]
 
-    longest = max(seconds(t.create) for t in gpunode.TIMEOUTS.values())
+    longest = max(seconds(t.create) for t in node_component.TIMEOUTS.values())
     lib = (SCRIPTS / "lib.sh").read_text()
     wait = re.search(r"wait=\$\{GS_LOCK_WAIT:-(\d+)\}", lib)
     assert wait and int(wait.group(1)) == longest
     assert "LOCK_DIR=/run/gpu-serving\n" in lib  # root-only, not the world-writable /run/lock
-    for step in gpunode.STEP_PARAMS:
+    for step in node_steps.STEP_PARAMS:
         assert f"\nnode_lock {step}\n" in (SCRIPTS / f"{step}.sh").read_text(), step
 
 
@@ -333,7 +336,7 @@ def test_connection_uses_secret_keys_and_dial_retries(render):
     value = conn["value"]
     assert value["privateKey"].endswith("canary") and value["hostKey"] == "ssh-ed25519 AAAAcanary"
     assert value["host"] == NODE and value["user"] == "root"
-    assert value["dialErrorLimit"] == gpunode.DIAL_ERROR_LIMIT and value["perDialTimeout"] == gpunode.PER_DIAL_TIMEOUT
+    assert value["dialErrorLimit"] == node_component.DIAL_ERROR_LIMIT and value["perDialTimeout"] == node_component.PER_DIAL_TIMEOUT
     for name, c in commands(r).items():
         assert "canary" not in c.inputs["create"] + c.inputs["delete"], name
         assert "canary" not in json.dumps(redact(c.inputs)), name
@@ -457,12 +460,12 @@ def test_outputs_under_mocks_say_unknown(prod):
     assert out == {
         "arrayDevice": "/dev/md/models",
         "disks": PROD_DISKS,
-        "partitionBytes": gpunode.UNKNOWN,
-        "arrayUuid": gpunode.UNKNOWN,
-        "filesystemUuid": gpunode.UNKNOWN,
+        "partitionBytes": node_reports.UNKNOWN,
+        "arrayUuid": node_reports.UNKNOWN,
+        "filesystemUuid": node_reports.UNKNOWN,
         "mountpoint": "/mnt/ollama-models",
-        "usableBytes": gpunode.UNKNOWN,
-        "health": gpunode.UNKNOWN,
+        "usableBytes": node_reports.UNKNOWN,
+        "health": node_reports.UNKNOWN,
     }
     assert not prod.warnings
 
@@ -475,19 +478,19 @@ ARRAY_HEALTH = {
 
 
 def test_parse_report_takes_the_last_json_line():
-    assert gpunode.parse_report("noise\n" + json.dumps(ARRAY_HEALTH) + "\n") == ARRAY_HEALTH
-    assert gpunode.parse_report(None) is None
-    assert gpunode.parse_report("") is None
-    assert gpunode.parse_report("{broken") is None
+    assert node_reports.parse_report("noise\n" + json.dumps(ARRAY_HEALTH) + "\n") == ARRAY_HEALTH
+    assert node_reports.parse_report(None) is None
+    assert node_reports.parse_report("") is None
+    assert node_reports.parse_report("{broken") is None
 
 
 def test_degraded_health_is_an_output_and_a_warning():
     node = parse(parse_raw()).nodes[0]
-    out = gpunode.storage_outputs(json.dumps(ARRAY_HEALTH), None, node)
+    out = node_reports.storage_outputs(json.dumps(ARRAY_HEALTH), None, node)
     assert out["health"] == "degraded" and out["usableBytes"] == 1000 and out["arrayUuid"] == "a:b:c:d"
-    warning = gpunode.health_warning(node.name, out)
+    warning = node_reports.health_warning(node.name, out)
     assert warning and "degraded" in warning
-    assert gpunode.health_warning(node.name, {**out, "health": "clean"}) is None
+    assert node_reports.health_warning(node.name, {**out, "health": "clean"}) is None
 
 
 def warning_logger(name: str) -> tuple[Any, list[str]]:
@@ -528,7 +531,7 @@ def test_degraded_stdout_warns_through_the_component():
     logger, warnings = warning_logger("test-node-health")
     pulumi.runtime.set_mocks(Mocks(), project="gpu-serving", stack="test", preview=False, logger=logger)
     pulumi.runtime.set_all_config({"gpu-serving:sshPrivateKey": "k"}, ["gpu-serving:sshPrivateKey"])
-    node = gpunode.GpuNode(NODE, gpunode.GpuNodeArgs(node=config.nodes[0], cluster=config.cluster, private_key="k"))
+    node = node_component.GpuNode(NODE, node_component.GpuNodeArgs(node=config.nodes[0], cluster=config.cluster, private_key="k"))
 
     result: dict[str, Any] = {}
     done = node.outputs.apply(lambda o: result.update(o))
@@ -566,10 +569,10 @@ def render_sized(size_gb: int, outputs: dict[str, Any], **storage: Any):
 
 def test_partition_bytes_output_comes_from_the_grow_report():
     node = parse(parse_raw()).nodes[0]
-    out = gpunode.storage_outputs(json.dumps(ARRAY_HEALTH), "grew\n" + json.dumps(GROW), node)
+    out = node_reports.storage_outputs(json.dumps(ARRAY_HEALTH), "grew\n" + json.dumps(GROW), node)
     assert out["partitionBytes"] == partition_bytes(1000)
     assert out["disks"] == PROD_DISKS
-    assert gpunode.storage_outputs(json.dumps(ARRAY_HEALTH), None, node)["partitionBytes"] == gpunode.UNKNOWN
+    assert node_reports.storage_outputs(json.dumps(ARRAY_HEALTH), None, node)["partitionBytes"] == node_reports.UNKNOWN
 
 
 def test_smaller_size_than_deployed_is_a_config_error():
@@ -594,7 +597,7 @@ def test_one_replaced_disk_still_counts_as_the_same_array():
     [
         (1000, deployed()),  # unchanged
         (1500, deployed()),  # grow
-        (500, deployed(partitionBytes=gpunode.UNKNOWN)),  # the grow step never finished
+        (500, deployed(partitionBytes=node_reports.UNKNOWN)),  # the grow step never finished
         (500, deployed(arrayDevice="/dev/md/old")),  # another array: nothing shrinks
         (500, deployed(disks=["/dev/sdc", "/dev/sdd"])),  # other disks
         (500, {}),  # first pulumi up

@@ -10,7 +10,22 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from components import serving
+from components.serving.autoscaling import adapter_rules, queue_query
+from components.serving.edge import ingress_route
+from components.serving.names import MARKER_DIR, download_job_name, labels
+from components.serving.server import container_args, startup_probe
+from components.serving.sizing import (
+    DOWNLOAD_MB_PER_S,
+    IMAGE_PULL_S,
+    MIN_DOWNLOAD_S,
+    MIN_STARTUP_S,
+    PROBE_PERIOD_S,
+    deployment_timeout_seconds,
+    download_deadline_seconds,
+    memory_limit,
+    shm_size_gi,
+    startup_budget_seconds,
+)
 from stacks.config import ConfigError, Model, flag_name, parse
 from tools.render import ROOT, Render, redact
 
@@ -90,38 +105,38 @@ def assert_valid(render: Render) -> int:
 
 @pytest.mark.parametrize(("weights_gb", "budget", "threshold"), [(1, 600, 60), (6, 600, 60), (140, 1700, 170), (400, 4300, 430)])
 def test_startup_budget_grows_with_the_weights_and_never_undercuts_the_seed(weights_gb: float, budget: int, threshold: int) -> None:
-    assert serving.startup_budget_seconds(weights_gb) == budget
-    probe = serving.startup_probe(weights_gb)
+    assert startup_budget_seconds(weights_gb) == budget
+    probe = startup_probe(weights_gb)
     assert probe.failure_threshold == threshold
-    assert probe.failure_threshold * probe.period_seconds >= serving.MIN_STARTUP_S
+    assert probe.failure_threshold * probe.period_seconds >= MIN_STARTUP_S
 
 
 def test_startup_budget_is_monotonic_and_whole_periods() -> None:
-    budgets = [serving.startup_budget_seconds(w / 2) for w in range(1, 2000)]
+    budgets = [startup_budget_seconds(w / 2) for w in range(1, 2000)]
     assert budgets == sorted(budgets)
-    assert all(b % serving.PROBE_PERIOD_S == 0 and b >= 600 for b in budgets)
+    assert all(b % PROBE_PERIOD_S == 0 and b >= 600 for b in budgets)
 
 
 def test_timeouts_cover_image_pull_and_load() -> None:
-    assert serving.deployment_timeout_seconds(140) > serving.IMAGE_PULL_S + serving.startup_budget_seconds(140)
-    assert serving.download_deadline_seconds(6) == serving.MIN_DOWNLOAD_S
-    assert serving.download_deadline_seconds(140) == 600 + 2 * 140 * 1000 // serving.DOWNLOAD_MB_PER_S
+    assert deployment_timeout_seconds(140) > IMAGE_PULL_S + startup_budget_seconds(140)
+    assert download_deadline_seconds(6) == MIN_DOWNLOAD_S
+    assert download_deadline_seconds(140) == 600 + 2 * 140 * 1000 // DOWNLOAD_MB_PER_S
 
 
 @pytest.mark.parametrize(("gpus", "gi"), [(1, 8), (2, 12), (4, 20), (8, 36)])
 def test_shm_grows_with_tensor_parallelism(gpus: int, gi: int) -> None:
-    assert serving.shm_size_gi(gpus) == gi
+    assert shm_size_gi(gpus) == gi
 
 
 @pytest.mark.parametrize(
     ("memory", "shm", "limit"), [("16Gi", 8, "24Gi"), ("512Mi", 8, "8704Mi"), ("1Ti", 4, "1028Gi"), ("100Ki", 1, "1048676Ki")]
 )
 def test_memory_limit_leaves_room_for_shm(memory: str, shm: int, limit: str) -> None:
-    assert serving.memory_limit(memory, shm) == limit
+    assert memory_limit(memory, shm) == limit
 
 
 def test_container_args_are_the_seed_flags_from_config() -> None:
-    args = serving.container_args(model_of(gpusPerReplica=2, extraArgs=["--enable-prefix-caching"]))
+    args = container_args(model_of(gpusPerReplica=2, extraArgs=["--enable-prefix-caching"]))
     assert args == [
         "Qwen/Qwen3-8B-AWQ",  # positional: `vllm serve --model` is deprecated
         "--revision=4da05a8edb55c6046cce958586c33b61da07bb79",
@@ -139,16 +154,16 @@ def test_container_args_are_the_seed_flags_from_config() -> None:
 
 def test_download_job_name_changes_with_the_revision_only() -> None:
     a, b = model_of(), model_of(revision="0123abcd")
-    assert serving.download_job_name(a) != serving.download_job_name(b)
-    assert serving.download_job_name(a) == serving.download_job_name(model_of(image="vllm/vllm-openai:v0.10.2"))
+    assert download_job_name(a) != download_job_name(b)
+    assert download_job_name(a) == download_job_name(model_of(image="vllm/vllm-openai:v0.10.2"))
     longest = model_of(name="m" * 40)
-    assert len(serving.download_job_name(longest)) <= 63
+    assert len(download_job_name(longest)) <= 63
 
 
 def test_version_label_from_tag_or_digest() -> None:
-    assert serving.labels(model_of(), "x")["app.kubernetes.io/version"] == "v0.18.0"
+    assert labels(model_of(), "x")["app.kubernetes.io/version"] == "v0.18.0"
     digest = "registry.lan:5000/vllm/vllm-openai@sha256:" + "a" * 64
-    assert serving.labels(model_of(image=digest), "x")["app.kubernetes.io/version"] == "digest"
+    assert labels(model_of(image=digest), "x")["app.kubernetes.io/version"] == "digest"
 
 
 @pytest.mark.parametrize(
@@ -160,16 +175,16 @@ def test_version_label_from_tag_or_digest() -> None:
     ],
 )
 def test_ingress_sub_paths_are_stripped_before_vllm(path: str, route: tuple[str, str, str | None]) -> None:
-    assert serving.ingress_route(path) == route
+    assert ingress_route(path) == route
 
 
 def test_queue_query_filters_model_name_not_model() -> None:
-    query = serving.queue_query(model_of(), "ai")
+    query = queue_query(model_of(), "ai")
     assert query == 'sum(vllm:num_requests_waiting{namespace="ai",model_name="qwen3"})'
 
 
 def test_adapter_rule_turns_the_gauge_into_the_hpa_metric() -> None:
-    (rule,) = yaml.safe_load(serving.adapter_rules())["rules"]
+    (rule,) = yaml.safe_load(adapter_rules())["rules"]
     assert rule["name"] == {"matches": "^vllm:num_requests_waiting$", "as": "vllm_num_requests_waiting"}
     assert 'vllm:num_requests_waiting"' in rule["seriesQuery"] and 'pod!=""' in rule["seriesQuery"]
     assert rule["resources"]["overrides"]["pod"] == {"resource": "pod"}
@@ -217,9 +232,9 @@ def test_big_model_gets_a_longer_startup_budget(render) -> None:  # type: ignore
     deployment = one(result, DEPLOYMENT)
     startup = container(deployment)["startupProbe"]
     assert startup["failureThreshold"] * startup["periodSeconds"] == 1700
-    assert deployment["spec"]["progressDeadlineSeconds"] >= 1700 + serving.IMAGE_PULL_S
+    assert deployment["spec"]["progressDeadlineSeconds"] >= 1700 + IMAGE_PULL_S
     (resource,) = result.of_type(DEPLOYMENT)
-    assert resource.options["customTimeouts"]["create"] == f"{serving.deployment_timeout_seconds(140)}s"
+    assert resource.options["customTimeouts"]["create"] == f"{deployment_timeout_seconds(140)}s"
     volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
     assert volumes["dshm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "12Gi"}
     assert "--tensor-parallel-size=2" in container(deployment)["args"]
@@ -287,7 +302,7 @@ def test_runtime_class_comes_from_cluster_config(render) -> None:  # type: ignor
 def test_rollout_never_needs_a_spare_gpu(prod: Render) -> None:
     spec = one(prod, DEPLOYMENT)["spec"]
     assert spec["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
-    assert spec["progressDeadlineSeconds"] == serving.deployment_timeout_seconds(6)
+    assert spec["progressDeadlineSeconds"] == deployment_timeout_seconds(6)
 
 
 def test_scrape_annotations_only_without_the_pod_monitor(prod: Render, render) -> None:  # type: ignore[no-untyped-def]
@@ -323,8 +338,8 @@ def test_deployment_waits_for_the_download_job(prod: Render) -> None:
     (job,), (deployment,) = of_type(prod, JOB), prod.of_type(DEPLOYMENT)
     assert job.urn in deployment.options["dependsOn"]
     assert job.options["deleteBeforeReplace"] is True
-    assert job.options["customTimeouts"]["create"] == f"{serving.IMAGE_PULL_S + serving.MIN_DOWNLOAD_S}s"
-    assert deployment.options["customTimeouts"]["create"] == f"{serving.deployment_timeout_seconds(6)}s"
+    assert job.options["customTimeouts"]["create"] == f"{IMAGE_PULL_S + MIN_DOWNLOAD_S}s"
+    assert deployment.options["customTimeouts"]["create"] == f"{deployment_timeout_seconds(6)}s"
 
 
 def test_download_job_fills_the_same_cache_without_a_gpu(prod: Render) -> None:
@@ -332,7 +347,7 @@ def test_download_job_fills_the_same_cache_without_a_gpu(prod: Render) -> None:
     assert job["metadata"]["name"].startswith("vllm-qwen3-dl-")
     spec = job["spec"]
     assert spec["backoffLimit"] == 3
-    assert spec["activeDeadlineSeconds"] == serving.MIN_DOWNLOAD_S
+    assert spec["activeDeadlineSeconds"] == MIN_DOWNLOAD_S
     assert spec["ttlSecondsAfterFinished"] > 0
     pod = spec["template"]["spec"]
     (c,) = pod["containers"]
@@ -343,7 +358,7 @@ def test_download_job_fills_the_same_cache_without_a_gpu(prod: Render) -> None:
     env = env_of(c)
     assert env["HF_HUB_CACHE"] == "/models/hub"
     assert env["GS_REPO"] == "Qwen/Qwen3-8B-AWQ" and env["GS_REVISION"] == prod.config.models[0].revision
-    assert env["GS_MARKER_DIR"] == serving.MARKER_DIR
+    assert env["GS_MARKER_DIR"] == MARKER_DIR
     assert env["HF_TOKEN"] == {"secretKeyRef": {"name": "vllm-qwen3-secrets", "key": "hf-token"}}
     assert "HF_HUB_OFFLINE" not in env
     assert c["command"][:2] == ["python3", "-c"] and "snapshot_download" in c["command"][2]
@@ -395,7 +410,7 @@ def test_hpa_scales_on_the_queue_and_leaves_replicas_alone(render) -> None:  # t
     rules = one(prod, CONFIG_MAP)
     assert rules["metadata"] == {"name": "gpu-serving-adapter-rules", "namespace": "monitoring", "labels": rules["metadata"]["labels"],
                                  "annotations": {"pulumi.com/patchForce": "true"}}
-    assert rules["data"]["config.yaml"] == serving.adapter_rules()
+    assert rules["data"]["config.yaml"] == adapter_rules()
     assert prod.outputs["prometheusAdapterRules"] == "monitoring/gpu-serving-adapter-rules"
 
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from components import serving
 from components.serving import drain
+from components.serving.edge import PROXY_TIMEOUT_S
+from components.serving.names import selector_labels
+from components.serving.server import container_args
 from policy.rules import check_resources
 from stacks.config.models import image_version
 from tests.test_serving import DEPLOYMENT, container, model_of, one, prod_model
@@ -36,13 +38,13 @@ def test_vllm_version_from_the_tag(image: str, version: tuple[int, ...] | None) 
      ("vllm/vllm-openai@sha256:" + "b" * 64, False)],
 )
 def test_shutdown_timeout_only_where_the_image_has_it(image: str, flag: bool) -> None:
-    args = serving.container_args(model_of(image=image))
+    args = container_args(model_of(image=image))
     assert ("--shutdown-timeout=600" in args) is flag
 
 
 def test_grace_covers_prestop_and_the_longest_stream() -> None:
-    assert drain.grace_period_seconds() >= drain.PRESTOP_S + serving.PROXY_TIMEOUT_S
-    assert drain.DRAIN_S == serving.PROXY_TIMEOUT_S
+    assert drain.grace_period_seconds() >= drain.PRESTOP_S + PROXY_TIMEOUT_S
+    assert drain.DRAIN_S == PROXY_TIMEOUT_S
 
 
 def test_prod_pods_drain_before_they_stop(prod: Render) -> None:
@@ -58,7 +60,7 @@ def test_prod_has_a_disruption_budget_per_model(prod: Render) -> None:
     pdb = one(prod, PDB)
     assert pdb["metadata"]["name"] == "vllm-qwen3"
     assert pdb["spec"]["maxUnavailable"] == 1
-    assert pdb["spec"]["selector"]["matchLabels"] == serving.selector_labels(prod.config.models[0])
+    assert pdb["spec"]["selector"]["matchLabels"] == selector_labels(prod.config.models[0])
     assert pdb["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
 
 
@@ -83,4 +85,4 @@ def test_docs_say_which_edge_bounds_a_stream() -> None:
     (gap,) = [line for line in (ROOT / "docs/failure-modes.md").read_text().splitlines()
               if line.startswith("| a stream runs longer than 600 s behind ingress-nginx")]
     assert "idle timeout" in gap and "--shutdown-timeout=600" in gap and "timeouts.request" in gap
-    assert f"--shutdown-timeout={drain.DRAIN_S}" in gap and drain.DRAIN_S == serving.PROXY_TIMEOUT_S
+    assert f"--shutdown-timeout={drain.DRAIN_S}" in gap and drain.DRAIN_S == PROXY_TIMEOUT_S

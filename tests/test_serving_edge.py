@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from components import serving
+from components.serving.names import instance_labels, selector_labels
 from policy.rules import check_resources
 from tests.test_serving import DEPLOYMENT, INGRESS, JOB, container, env_of, error_of, one, prod_model, prod_raw, with_models
 from tools.render import Render
@@ -97,7 +97,7 @@ def test_serving_pods_reach_dns_and_nothing_else(prod: Render) -> None:
     spec = policy["spec"]
     assert spec["policyTypes"] == ["Egress"]
     # The serving pods only: the download Job must still reach the hub.
-    assert spec["podSelector"]["matchLabels"] == serving.selector_labels(prod.config.models[0])
+    assert spec["podSelector"]["matchLabels"] == selector_labels(prod.config.models[0])
     job_labels = one(prod, JOB)["spec"]["template"]["metadata"]["labels"]
     assert not all(job_labels.get(k) == v for k, v in spec["podSelector"]["matchLabels"].items())
     # Issue 24: DNS only to the cluster DNS pods, not to any resolver on port 53 (a tunnel out).
@@ -129,7 +129,7 @@ def test_the_api_port_admits_only_the_edge_prometheus_and_the_smoke_test(prod: R
     assert rule["from"] == [
         peer("ingress-nginx", {"app.kubernetes.io/name": "ingress-nginx"}),
         peer("monitoring", {"app.kubernetes.io/name": "prometheus"}),
-        peer("ai", {**serving.instance_labels(prod.config.models[0]), "app.kubernetes.io/component": "smoke-test"}),
+        peer("ai", {**instance_labels(prod.config.models[0]), "app.kubernetes.io/component": "smoke-test"}),
     ]
     assert all(smoke_labels[k] == v for k, v in rule["from"][2]["podSelector"]["matchLabels"].items())
 

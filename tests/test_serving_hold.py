@@ -13,8 +13,11 @@ from typing import Any
 import pytest
 import yaml
 
-from components import serving
 from components.serving import monitoring
+from components.serving.edge import PROXY_TIMEOUT_S
+from components.serving.hold import SKIP_SCALED_OBJECT
+from components.serving.jobs import REQUEST_TIMEOUT_S, SMOKE_DEADLINE_S, SMOKE_SCRIPT
+from components.serving.sizing import IMAGE_PULL_S, startup_budget_seconds
 from policy.check_yaml import main as check_yaml
 from stacks.config import ConfigError, Model, parse
 from tests import checkers
@@ -70,7 +73,7 @@ def test_the_example_manifests_pass_the_pack_as_plain_yaml(example: Render, tmp_
 
 def test_the_hold_routes_v1_by_the_hold_services_own_names_and_skips_the_add_ons_scaled_object(example: Render) -> None:
     hold = named(example, HTTP_SCALED_OBJECT, "vllm-qwen3-small-hold")
-    assert hold["metadata"]["annotations"][serving.SKIP_SCALED_OBJECT] == "true"
+    assert hold["metadata"]["annotations"][SKIP_SCALED_OBJECT] == "true"
     spec = hold["spec"]
     assert spec["hosts"] == ["vllm-qwen3-small-hold", "vllm-qwen3-small-hold.ai", "vllm-qwen3-small-hold.ai.svc",
                              "vllm-qwen3-small-hold.ai.svc.cluster.local"]
@@ -78,9 +81,9 @@ def test_the_hold_routes_v1_by_the_hold_services_own_names_and_skips_the_add_ons
     assert spec["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "vllm-qwen3-small",
                                       "service": "vllm-qwen3-small", "port": 8000}
     model = held_model(example)
-    budget = serving.startup_budget_seconds(model.weights_gb)
-    assert model.cold_start_seconds == serving.IMAGE_PULL_S + budget  # unset: pull allowance + startup budget
-    assert spec["timeouts"] == {"conditionWait": f"{model.cold_start_seconds}s", "responseHeader": f"{serving.PROXY_TIMEOUT_S}s"}
+    budget = startup_budget_seconds(model.weights_gb)
+    assert model.cold_start_seconds == IMAGE_PULL_S + budget  # unset: pull allowance + startup budget
+    assert spec["timeouts"] == {"conditionWait": f"{model.cold_start_seconds}s", "responseHeader": f"{PROXY_TIMEOUT_S}s"}
     assert spec["scaledownPeriod"] == 45 * 60  # idleAfter: 45m
 
 
@@ -107,7 +110,7 @@ def test_the_edge_reaches_the_interceptor_with_the_hold_host_and_waits_out_the_c
     assert path["backend"]["service"] == {"name": "vllm-qwen3-small-hold", "port": {"number": 8080}}
     annotations = ingress["metadata"]["annotations"]
     assert annotations["nginx.ingress.kubernetes.io/upstream-vhost"] == "vllm-qwen3-small-hold.ai.svc"
-    wait = str(held_model(example).cold_start_seconds + serving.PROXY_TIMEOUT_S)
+    wait = str(held_model(example).cold_start_seconds + PROXY_TIMEOUT_S)
     assert annotations["nginx.ingress.kubernetes.io/proxy-read-timeout"] == wait
     assert annotations["nginx.ingress.kubernetes.io/proxy-send-timeout"] == wait
     assert annotations["nginx.ingress.kubernetes.io/rewrite-target"] == "/v1/$2"  # still /v1 only
@@ -147,14 +150,14 @@ def test_the_smoke_test_wakes_the_model_through_the_hold(example: Render) -> Non
     env = {e["name"]: e.get("value") for e in container["env"]}
     model = held_model(example)
     assert env["BASE"] == "http://vllm-qwen3-small-hold.ai.svc:8080"
-    assert env["WAKE_TIMEOUT_S"] == str(model.cold_start_seconds + serving.REQUEST_TIMEOUT_S)
+    assert env["WAKE_TIMEOUT_S"] == str(model.cold_start_seconds + REQUEST_TIMEOUT_S)
     assert "HEALTH_WAIT_S" not in env  # /health is not routed through the hold, and at zero nothing answers it
     script = container["command"][2]
     assert "/health" not in script and '--max-time "$WAKE_TIMEOUT_S" "$BASE/v1/models"' in script
-    assert spec["activeDeadlineSeconds"] == int(env["WAKE_TIMEOUT_S"]) + 2 * serving.REQUEST_TIMEOUT_S + 60
+    assert spec["activeDeadlineSeconds"] == int(env["WAKE_TIMEOUT_S"]) + 2 * REQUEST_TIMEOUT_S + 60
     (other,) = [j for j in example.of_type(JOB) if j.inputs["metadata"]["name"].startswith("vllm-qwen3-smoke-")]
-    assert other.inputs["spec"]["activeDeadlineSeconds"] == serving.SMOKE_DEADLINE_S
-    assert other.inputs["spec"]["template"]["spec"]["containers"][0]["command"][2] == serving.SMOKE_SCRIPT
+    assert other.inputs["spec"]["activeDeadlineSeconds"] == SMOKE_DEADLINE_S
+    assert other.inputs["spec"]["template"]["spec"]["containers"][0]["command"][2] == SMOKE_SCRIPT
 
 
 def test_the_gateway_edge_reaches_the_interceptor_under_a_reference_grant() -> None:
@@ -169,7 +172,7 @@ def test_the_gateway_edge_reaches_the_interceptor_under_a_reference_grant() -> N
     (rewrite,) = rule["filters"]
     assert rewrite["urlRewrite"] == {"hostname": "vllm-qwen3-small-hold.ai.svc",
                                      "path": {"type": "ReplacePrefixMatch", "replacePrefixMatch": "/v1"}}
-    wait = f"{held_model(result).cold_start_seconds + serving.PROXY_TIMEOUT_S}s"
+    wait = f"{held_model(result).cold_start_seconds + PROXY_TIMEOUT_S}s"
     assert rule["timeouts"] == {"request": wait, "backendRequest": wait}
     grant = named(result, REFERENCE_GRANT, "gpu-serving-ai")
     assert grant["metadata"]["namespace"] == "keda"
@@ -250,7 +253,7 @@ def test_scale_to_zero_is_refused_where_it_cannot_work(raw: dict[str, Any], star
 def test_a_bigger_model_needs_a_longer_hold_and_the_message_names_its_budget() -> None:
     raw = with_held({"min": 0, "max": 1, "coldStartTimeoutSeconds": 900})
     raw["models"][1]["weightsGb"] = 140
-    budget = serving.startup_budget_seconds(140)
+    budget = startup_budget_seconds(140)
     assert error_of(raw).endswith(f"set {budget} or more")
     raw["models"][1]["replicas"]["coldStartTimeoutSeconds"] = budget
     model = parse(raw).models[1]

@@ -12,8 +12,7 @@ from typing import Any
 
 import pytest
 
-from components.serving import EXIT_NOT_FOUND
-from components.serving.jobs import DOWNLOAD_SCRIPT, EACH_REPO_SCRIPT, SMOKE_SCRIPT
+from components.serving.jobs import DOWNLOAD_SCRIPT, EACH_REPO_SCRIPT, EXIT_NOT_FOUND, SMOKE_SCRIPT
 from components.serving.lora import RUNTIME_UPDATES_ENV
 from components.serving.names import MODEL_MOUNT
 from policy.rules import check_resources

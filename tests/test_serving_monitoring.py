@@ -11,8 +11,9 @@ import jsonschema
 import pytest
 import yaml
 
-from components import serving
 from components.serving import monitoring
+from components.serving.names import download_job_name, selector_labels
+from components.serving.sizing import deployment_timeout_seconds, startup_budget_seconds
 from tests import checkers
 from tests.test_serving import DEPLOYMENT, HPA, SCALED_OBJECT, one, prod_model, prod_raw
 from tools.render import Render
@@ -33,7 +34,7 @@ def test_pod_monitor_scrapes_the_serving_pods(prod: Render) -> None:
     monitor = one(prod, POD_MONITOR)
     assert monitor["metadata"]["name"] == "vllm-qwen3" and monitor["metadata"]["namespace"] == "ai"
     assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"  # what the operator selects by
-    assert monitor["spec"]["selector"]["matchLabels"] == serving.selector_labels(prod.config.models[0])
+    assert monitor["spec"]["selector"]["matchLabels"] == selector_labels(prod.config.models[0])
     (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
     assert endpoint["port"] == "http" and endpoint["path"] == "/metrics"
     ports = one(prod, DEPLOYMENT)["spec"]["template"]["spec"]["containers"][0]["ports"]
@@ -112,8 +113,8 @@ AVAILABLE = 'kube_deployment_status_replicas_available{namespace="ai",deployment
 
 def test_no_pod_ready_waits_out_a_rollout_and_fires_after_it(tmp_path: Path, prod: Render) -> None:
     model = prod.config.models[0]
-    budget = -(-serving.deployment_timeout_seconds(model.weights_gb) // 60)  # pull + startup + margin
-    assert budget > -(-(serving.startup_budget_seconds(model.weights_gb) + 300) // 60)  # longer than before issue 24
+    budget = -(-deployment_timeout_seconds(model.weights_gb) // 60)  # pull + startup + margin
+    assert budget > -(-(startup_budget_seconds(model.weights_gb) + 300) // 60)  # longer than before issue 24
     down = expected("VllmNoPodReady", {"namespace": "ai", "deployment": "vllm-qwen3"})
     run_promtool_tests(tmp_path, prod, [
         {   # a one-replica rollout: the old pod goes, the new one pulls and loads for most of the budget, then is ready
@@ -204,7 +205,7 @@ def test_preemptions_warn_and_a_full_cache_alone_does_not(tmp_path: Path, prod: 
 
 
 def test_download_failed_fires_for_this_job_only(tmp_path: Path, prod: Render) -> None:
-    job = serving.download_job_name(prod.config.models[0])
+    job = download_job_name(prod.config.models[0])
     run_promtool_tests(tmp_path, prod, [
         {
             "interval": "1m",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from components import serving
+from components.serving.sizing import memory_limit, shm_size_gi
 from tests.test_serving import DEPLOYMENT, JOB, container, error_of, one, prod_model, prod_raw, with_models
 from tools.render import Render
 
@@ -34,7 +34,7 @@ def test_enforcing_restricted_needs_every_model_non_root(render) -> None:  # typ
 def test_serving_pods_are_guaranteed_qos(prod: Render) -> None:
     resources = container(one(prod, DEPLOYMENT))["resources"]
     model = prod.config.models[0]
-    memory = serving.memory_limit(model.memory, serving.shm_size_gi(model.gpus_per_replica))
+    memory = memory_limit(model.memory, shm_size_gi(model.gpus_per_replica))
     assert resources["requests"] == {"cpu": model.cpu, "memory": memory}
     assert resources["limits"] == {"nvidia.com/gpu": "1", "cpu": model.cpu, "memory": memory}
 

@@ -7,7 +7,8 @@ import copy
 
 import pytest
 
-from components import serving
+from components.serving.names import MODEL_MOUNT
+from components.serving.profile import compile_cache_dir
 from policy.rules import check_resources
 from policy.rules.servers import writable_paths
 from stacks.config import parse
@@ -17,8 +18,8 @@ from tools.render import Render
 
 def test_compile_caches_live_on_the_model_volume_keyed_by_image_and_model(prod: Render) -> None:
     env = env_of(container(one(prod, DEPLOYMENT)))
-    root = serving.compile_cache_dir(prod.config.models[0])
-    assert root.startswith(serving.MODEL_MOUNT + "/")
+    root = compile_cache_dir(prod.config.models[0])
+    assert root.startswith(MODEL_MOUNT + "/")
     assert env["VLLM_CACHE_ROOT"] == f"{root}/vllm"
     assert env["TRITON_CACHE_DIR"] == f"{root}/triton"
     assert env["TORCHINDUCTOR_CACHE_DIR"] == f"{root}/inductor"
@@ -26,11 +27,11 @@ def test_compile_caches_live_on_the_model_volume_keyed_by_image_and_model(prod: 
 
 
 def test_cache_key_follows_image_and_model_only() -> None:
-    base = serving.compile_cache_dir(model_of())
-    assert serving.compile_cache_dir(model_of()) == base
-    assert serving.compile_cache_dir(model_of(maxModelLen=4096)) == base  # vLLM keys its own config inside
+    base = compile_cache_dir(model_of())
+    assert compile_cache_dir(model_of()) == base
+    assert compile_cache_dir(model_of(maxModelLen=4096)) == base  # vLLM keys its own config inside
     for change in ({"image": "vllm/vllm-openai:v0.32.0"}, {"revision": "0123abcd"}, {"huggingFaceId": "Qwen/Qwen3-4B"}):
-        assert serving.compile_cache_dir(model_of(**change)) != base, change
+        assert compile_cache_dir(model_of(**change)) != base, change
 
 
 def test_root_profile_is_unchanged(prod: Render) -> None:
@@ -91,7 +92,7 @@ def test_every_path_vllm_writes_is_writable_and_nothing_else(non_root: Render) -
     for what, path in needed.items():
         assert any(path == w or path.startswith(w.rstrip("/") + "/") for w in writable), (what, path)
     # Each writable mount is needed by something: the model volume, /dev/shm (NCCL), HOME and /tmp.
-    assert writable == {serving.MODEL_MOUNT, "/dev/shm", "/home/vllm", "/tmp"}
+    assert writable == {MODEL_MOUNT, "/dev/shm", "/home/vllm", "/tmp"}
     entries = [{"type": r.type, "name": r.name, "inputs": r.inputs} for r in non_root.resources if r.custom]
     assert not [v for v in check_resources(entries) if v.level == "mandatory"]
 

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 import yaml
 
-from components import serving
+from components.serving.jobs import DOWNLOAD_SCRIPT, EXIT_AUTH, EXIT_NOT_FOUND
+from components.serving.names import download_job_name
 from policy.rules import check_resources
 from stacks.config import ConfigError, Model, parse
 from tests.test_serving import JOB, of_type, one, prod_model
@@ -67,11 +68,11 @@ def test_the_image_may_be_given_by_digest(render) -> None:  # type: ignore[no-un
 
 def test_job_name_changes_with_what_it_downloads() -> None:
     base = Model.model_validate(prod_model())
-    names = {serving.download_job_name(base.model_copy(update=change)) for change in (
+    names = {download_job_name(base.model_copy(update=change)) for change in (
         {}, {"revision": "0" * 40}, {"hugging_face_id": "Qwen/Qwen3-4B-AWQ"})}
     assert len(names) == 3
     # what serves it does not change what is downloaded: same Job
-    assert serving.download_job_name(base.model_copy(update={"image": "vllm/vllm-openai:v0.19.0"})) == serving.download_job_name(base)
+    assert download_job_name(base.model_copy(update={"image": "vllm/vllm-openai:v0.19.0"})) == download_job_name(base)
 
 
 def test_download_job_fails_fast_on_auth_and_not_found(prod: Render) -> None:
@@ -80,7 +81,7 @@ def test_download_job_fails_fast_on_auth_and_not_found(prod: Render) -> None:
     rules = spec["podFailurePolicy"]["rules"]
     fail = next(r for r in rules if r["action"] == "FailJob")
     assert fail["onExitCodes"] == {"containerName": "download", "operator": "In",
-                                   "values": [serving.EXIT_AUTH, serving.EXIT_NOT_FOUND]}
+                                   "values": [EXIT_AUTH, EXIT_NOT_FOUND]}
     assert spec["template"]["spec"]["restartPolicy"] == "Never"  # podFailurePolicy requires it
     assert {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]} in rules
 
@@ -132,12 +133,12 @@ def run_download(tmp_path: Path, mode: str, revision: str, head: str = COMMIT) -
     env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(tmp_path / "fake"), "FAKE_MODE": mode, "FAKE_HEAD": head,
            "FAKE_LOG": str(tmp_path / "log"), "GS_REPO": "Qwen/Qwen3-8B-AWQ", "GS_REVISION": revision,
            "HF_HUB_CACHE": str(tmp_path / "hub"), "GS_MARKER_DIR": str(tmp_path / "markers")}
-    return subprocess.run([sys.executable, "-c", serving.DOWNLOAD_SCRIPT], env=env, capture_output=True, text=True, timeout=60)
+    return subprocess.run([sys.executable, "-c", DOWNLOAD_SCRIPT], env=env, capture_output=True, text=True, timeout=60)
 
 
 @pytest.mark.parametrize(("mode", "code"), [
-    ("gated", serving.EXIT_AUTH), ("bad-token", serving.EXIT_AUTH),
-    ("no-repo", serving.EXIT_NOT_FOUND), ("no-revision", serving.EXIT_NOT_FOUND),
+    ("gated", EXIT_AUTH), ("bad-token", EXIT_AUTH),
+    ("no-repo", EXIT_NOT_FOUND), ("no-revision", EXIT_NOT_FOUND),
 ])
 def test_download_exits_with_the_code_the_failure_policy_reads(tmp_path: Path, mode: str, code: int) -> None:
     result = run_download(tmp_path, mode, COMMIT)
@@ -148,7 +149,7 @@ def test_download_exits_with_the_code_the_failure_policy_reads(tmp_path: Path, m
 
 def test_a_transient_error_is_left_to_the_retries(tmp_path: Path) -> None:
     result = run_download(tmp_path, "server-error", COMMIT)
-    assert result.returncode not in (0, serving.EXIT_AUTH, serving.EXIT_NOT_FOUND)
+    assert result.returncode not in (0, EXIT_AUTH, EXIT_NOT_FOUND)
 
 
 def test_marker_is_keyed_by_the_resolved_commit(tmp_path: Path) -> None:

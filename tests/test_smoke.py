@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from components.serving import HEALTH_WAIT_S, REQUEST_TIMEOUT_S, SMOKE_DEADLINE_S, SMOKE_SCRIPT, smoke_job_name
+from components.serving.jobs import HEALTH_WAIT_S, REQUEST_TIMEOUT_S, SMOKE_DEADLINE_S, SMOKE_SCRIPT, smoke_job_name
 from stacks.config import Model
 from tools.render import ROOT, Render
 

@@ -24,8 +24,7 @@ from typing import Any
 
 import pytest
 
-from components.serving import EXIT_AUTH, EXIT_NOT_FOUND
-from components.serving.jobs import DOWNLOAD_SCRIPT, SMOKE_SCRIPT
+from components.serving.jobs import DOWNLOAD_SCRIPT, EXIT_AUTH, EXIT_NOT_FOUND, SMOKE_SCRIPT
 from components.serving.names import MODEL_MOUNT
 from testbed.standins import hub as hub_module
 from testbed.standins import vllm_sim

@@ -189,7 +189,7 @@ def reruns(old: Snapshot, new: Snapshot) -> list[str]:
 
 
 # A rendered step script: header, a comment, the step's `GS_*=` parameters, `# ---- lib.sh`, the
-# shared helpers, `# ---- NN-step.sh`, the step's own body (components/node.py `render_script`).
+# shared helpers, `# ---- NN-step.sh`, the step's own body (components/node/script.py `render_script`).
 STEP_MARKER = re.compile(r"^# ---- (\S+\.sh)\n", re.MULTILINE)
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
+from pathlib import Path
 from typing import Any
 
 import pulumi
@@ -55,65 +57,35 @@ def smoke_deadline_seconds(model: Model) -> int:
     return wake_timeout_seconds(model) + 2 * REQUEST_TIMEOUT_S + 60
 
 
-# `/health` can be green while inference fails (vllm#24207): ask for one real token. Values
-# arrive as env vars; the API key, when set, comes from the Secret and is never echoed. The wait
-# is bounded by the clock, not a try count: a hanging curl would stretch a count of tries.
-SMOKE_CURL = r"""set -eu
-set -- -fsS --max-time "$REQUEST_TIMEOUT_S"
-if [ -n "${VLLM_API_KEY:-}" ]; then set -- "$@" -H "Authorization: Bearer ${VLLM_API_KEY}"; fi
-"""
+PROGRAMS = Path(__file__).resolve().parent / "programs"
+"""The programs the Jobs run, kept as files so the linters read them; sent as their text."""
+
+PART_LINE = re.compile(r"^#: ([a-z]+)\b.*\n", re.MULTILINE)
 
 
-SMOKE_HEALTH = r"""until_s=$(( $(date +%s) + HEALTH_WAIT_S ))
-until curl -fsS -o /dev/null --max-time 10 "$BASE/health"; do
-  [ "$(date +%s)" -lt "$until_s" ] || { echo "$BASE/health did not answer within ${HEALTH_WAIT_S}s" >&2; exit 1; }
-  sleep 5
-done
-models=$(curl "$@" "$BASE/v1/models")
-"""
+def program_parts(text: str) -> dict[str, str]:
+    """A program cut at its `#: <part>` lines, by part name; the lines before the first one and the
+    `#:` lines themselves are not part of any."""
+    marks = list(PART_LINE.finditer(text))
+    return {mark.group(1): text[mark.end():marks[i + 1].start() if i + 1 < len(marks) else len(text)]
+            for i, mark in enumerate(marks)}
 
 
-SMOKE_WAKE = r"""# Through the hold: the interceptor keeps this request while the model starts from zero (it routes /v1 only).
-models=$(curl "$@" --max-time "$WAKE_TIMEOUT_S" "$BASE/v1/models")
-"""
-"""A model at `replicas.min: 0`: the first request wakes it and waits out the cold start, which proves the hold."""
+SMOKE_PARTS = program_parts((PROGRAMS / "smoke.sh").read_text())
 
 
-SMOKE_LISTED = r"""case "$models" in
-  *"\"id\":\"$MODEL\""*) echo "served: $MODEL" ;;
-  *) echo "/v1/models does not list $MODEL: $models" >&2; exit 1 ;;
-esac
-"""
+def smoke_parts(held: bool, with_adapters: bool) -> str:
+    """The smoke test a model gets: through the hold for a model at `replicas.min: 0`, each adapter listed when it has some."""
+    names = ["curl", "wake" if held else "health", "listed", *(["adapters"] if with_adapters else []), "completion"]
+    return "".join(SMOKE_PARTS[name] for name in names)
 
 
-SMOKE_MODELS = SMOKE_CURL + SMOKE_HEALTH + SMOKE_LISTED
-
-
-SMOKE_ADAPTERS = r"""for adapter in $ADAPTERS; do
-  case "$models" in
-    *"\"id\":\"$adapter\""*) echo "served: $adapter" ;;
-    *) echo "/v1/models does not list the adapter $adapter: $models" >&2; exit 1 ;;
-  esac
-done
-"""
-"""With adapters: each name in `/v1/models` too (a missing one means vLLM never loaded it)."""
-
-
-SMOKE_COMPLETION = r"""answer=$(curl "$@" -H "Content-Type: application/json" \
-  -d "{\"model\":\"$MODEL\",\"prompt\":\"Hello\",\"max_tokens\":1}" "$BASE/v1/completions")
-case "$answer" in
-  *'"choices"'*) echo "inference answered: $answer" ;;
-  *) echo "no completion from $MODEL: $answer" >&2; exit 1 ;;
-esac
-"""
-
-
-SMOKE_SCRIPT = SMOKE_MODELS + SMOKE_COMPLETION
+SMOKE_SCRIPT = smoke_parts(held=False, with_adapters=False)
+"""The smoke test of a model that is always up and has no adapters."""
 
 
 def smoke_script(model: Model) -> str:
-    listed = SMOKE_CURL + (SMOKE_WAKE if model.scales_to_zero else SMOKE_HEALTH) + SMOKE_LISTED
-    return listed + (SMOKE_ADAPTERS if adapters(model) else "") + SMOKE_COMPLETION
+    return smoke_parts(model.scales_to_zero, bool(adapters(model)))
 
 
 EXIT_AUTH = 10
@@ -129,55 +101,14 @@ EXIT_NOT_FOUND = 11
 # complete download, so an interrupted run is resumed rather than mistaken for done, a finished
 # one costs seconds, and a branch that moved is downloaded again. Errors that no retry heals exit
 # with their own codes, which the Job's podFailurePolicy turns into an immediate failure.
-DOWNLOAD_SCRIPT = f"EXIT_AUTH, EXIT_NOT_FOUND = {EXIT_AUTH}, {EXIT_NOT_FOUND}\n" + """\
-import os, pathlib, re, sys
-from huggingface_hub import HfApi, snapshot_download
-from huggingface_hub.utils import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
-repo, revision = os.environ["GS_REPO"], os.environ["GS_REVISION"]
-cache, markers = os.environ["HF_HUB_CACHE"], pathlib.Path(os.environ["GS_MARKER_DIR"])
-def fail(code, what):
-    print(f"ERROR: {repo}@{revision}: {what}", file=sys.stderr)
-    sys.exit(code)
-try:
-    # A commit needs no look-up (a re-run stays offline); a branch or tag is resolved first.
-    commit = revision if re.fullmatch("[0-9a-f]{40}", revision) else HfApi().model_info(repo, revision=revision).sha
-    marker = markers / f"{repo.replace('/', '--')}@{commit}.done"
-    if marker.exists():
-        print(f"{repo}@{commit} is already in {cache}: nothing to do")
-        sys.exit(0)
-    ignore = ["original/*"]  # vLLM ignores these too
-    if any(f.endswith(".safetensors") for f in HfApi().list_repo_files(repo, revision=commit)):
-        ignore += ["*.bin", "*.pt", "*.pth"]  # vLLM loads safetensors when both exist
-    # By the configured revision: the cache then records refs/<branch>, which the offline server reads.
-    path = snapshot_download(repo, revision=revision, cache_dir=cache, ignore_patterns=ignore)
-except GatedRepoError:
-    fail(EXIT_AUTH, "gated repository: accept its terms on huggingface.co with the token's account, then re-run")
-except RevisionNotFoundError:
-    fail(EXIT_NOT_FOUND, "no such revision: fix models[].revision")
-except RepositoryNotFoundError:
-    fail(EXIT_NOT_FOUND, "no such repository, or private and the token may not read it: fix huggingFaceId or the token")
-except HfHubHTTPError as error:
-    status = getattr(error.response, "status_code", None)
-    if status in (401, 403):
-        fail(EXIT_AUTH, f"the hub refused the token ({status}): set a valid hfToken secret")
-    raise
-# The snapshot folder is named by the commit it holds: a branch that moved meanwhile is keyed right.
-marker = markers / f"{repo.replace('/', '--')}@{pathlib.PurePath(path).name}.done"
-marker.parent.mkdir(parents=True, exist_ok=True)
-marker.write_text(path + "\\n")
-print(f"{repo}@{marker.stem.split('@')[-1]} ready in {path}")
-"""
+DOWNLOAD_SCRIPT = (PROGRAMS / "download.py").read_text()
+if not DOWNLOAD_SCRIPT.startswith(f"EXIT_AUTH, EXIT_NOT_FOUND = {EXIT_AUTH}, {EXIT_NOT_FOUND}\n"):
+    raise ValueError(f"programs/download.py must start by setting EXIT_AUTH, EXIT_NOT_FOUND = {EXIT_AUTH}, {EXIT_NOT_FOUND}")
 
 
-# With adapters, the one-repository script above runs once per repository (the adapters, then the
+# With adapters, the one-repository program above runs once per repository (the adapters, then the
 # model), each with its own marker, resume and exit codes; the first failure stops the Job with its code.
-EACH_REPO_SCRIPT = """\
-import json, os, subprocess, sys
-for repo, revision in json.loads(os.environ["GS_REPOS"]):
-    code = subprocess.call([sys.executable, "-c", sys.argv[1]], env={**os.environ, "GS_REPO": repo, "GS_REVISION": revision})
-    if code:
-        sys.exit(code)
-"""
+EACH_REPO_SCRIPT = (PROGRAMS / "each_repo.py").read_text()
 
 
 def download_command(model: Model) -> tuple[list[str], list[k8s.core.v1.EnvVarArgs]]:

@@ -26,8 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from components.serving.drain import PRESTOP_S
-from components.serving.profile import NON_ROOT_UID
+from components.serving import NON_ROOT_UID, PRESTOP_S
 from testbed.e2e.cluster_checks import ClusterEndToEnd, _free_port_block, _time
 from testbed.e2e.run import CheckError, require, stack_raw, tail
 from testbed.node.join import BUNDLE_DISK, GUEST_IP, HUB_GUEST_PORT, POD_GATEWAY, RealNode, make_bundle, ssh_forward
@@ -398,7 +397,7 @@ class RealNodeEndToEnd(ClusterEndToEnd):
             for name in sorted(steps):
                 self.vm.ssh(steps[name], timeout=900)
             # A release that changes only a comment of lib.sh: the engine re-runs every step.
-            lib = self.project / "components" / "node_scripts" / "lib.sh"
+            lib = self.project / "components" / "node" / "scripts" / "lib.sh"
             shebang, strict, rest = lib.read_text().split("\n", 2)  # the program requires these two lines first
             lib.write_text(f"{shebang}\n{strict}\n# real-live-rerun: a release changed this comment\n{rest}")
             self.pulumi("up", "--yes", "--skip-preview", stack="node", timeout=1800)

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from components.serving.jobs import DOWNLOAD_SCRIPT, SMOKE_SCRIPT
+from components.serving import DOWNLOAD_SCRIPT, SMOKE_SCRIPT
 from testbed.node import images, oci
 from testbed.standins.hub import Hub, Repo
 

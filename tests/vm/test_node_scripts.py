@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from components.node import storage_outputs
+from components.node.reports import storage_outputs
 from stacks.config import Node, usable_gib
 from testbed.vm import SshError, Vm, make_os_like_layout, os_layout_sha256s
 from testbed.vm.fakes import FAKE_K3S_START, fake_k3s_unit, install_fake_containerd
