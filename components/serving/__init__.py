@@ -97,7 +97,8 @@ from components.serving.server import (
     startup_probe,
     token_env,
 )
-from components.serving.sizing import (
+from components.serving.sizing import memory_limit, shm_size_gi
+from stacks.config.budgets import (
     DOWNLOAD_MB_PER_S,
     ENGINE_INIT_S,
     IMAGE_PULL_S,
@@ -107,8 +108,6 @@ from components.serving.sizing import (
     PROBE_PERIOD_S,
     deployment_timeout_seconds,
     download_deadline_seconds,
-    memory_limit,
-    shm_size_gi,
     startup_budget_seconds,
 )
 

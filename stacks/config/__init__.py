@@ -3,8 +3,8 @@
 The models are the one source of truth for keys, types and defaults; the README's config
 reference is written from them. Everything is validated before any resource is declared,
 and every error names the key path the user has to change. One module per top-level key
-(`cluster`, `nodes`, `modelStorage`, `models`; a node's GPU sharing in `sharing`), the cross-key
-checks in `stack`, and the error reporting in `load`.
+(`cluster`, `nodes`, `modelStorage`, `models`; a node's GPU sharing in `sharing`), the time budgets a
+model's size implies in `budgets`, the cross-key checks in `stack`, and the error reporting in `load`.
 """
 
 from stacks.config.base import PROJECT, ConfigError
