@@ -249,6 +249,9 @@ def check_route_streaming(resources: list[Resource], cfg: Mapping) -> Iterator[t
 
 # ingress-nginx's default proxy timeouts.
 NGINX_DEFAULT_TIMEOUT = 60
+# The config key of every rule that judges nginx Ingresses.
+INGRESS_CLASS_NAMES = {"ingressClassNames": {"type": "array", "items": {"type": "string"}, "default": ["nginx"],
+                                             "description": "Ingress classes served by ingress-nginx."}}
 
 
 def nginx_class(props: Mapping, class_names: Sequence[str]) -> bool:
@@ -355,6 +358,5 @@ RULES = [
          MANDATORY, check_ingress_streaming,
          config={"minProxyTimeoutSeconds": {"type": "integer", "minimum": 0, "default": 600,
                                             "description": "Minimum proxy-read/send-timeout."},
-                 "ingressClassNames": {"type": "array", "items": {"type": "string"}, "default": ["nginx"],
-                                       "description": "Ingress classes served by ingress-nginx."}}),
+                 **INGRESS_CLASS_NAMES}),
 ]
