@@ -8,8 +8,8 @@ from typing import Any
 import pulumi
 
 from stacks.config import PROJECT, TOP_LEVEL_KEYS, ConfigError, StackConfig, parse, refuse_shrinking
+from stacks.config.checks.secret_keys import check_secret_values
 from stacks.config.load import check_namespaces
-from stacks.config.stack import check_secret_values
 
 __all__ = ["ConfigError", "StackConfig", "deployed_outputs", "load", "parse", "read_raw", "secret"]
 

@@ -14,7 +14,9 @@ from components.serving.autoscaling import adapter_rules, queue_query
 from components.serving.edge import ingress_route
 from components.serving.names import MARKER_DIR, download_job_name, labels
 from components.serving.server import container_args, startup_probe
-from components.serving.sizing import (
+from components.serving.sizing import memory_limit, shm_size_gi
+from stacks.config import ConfigError, Model, flag_name, parse
+from stacks.config.budgets import (
     DOWNLOAD_MB_PER_S,
     IMAGE_PULL_S,
     MIN_DOWNLOAD_S,
@@ -22,11 +24,8 @@ from components.serving.sizing import (
     PROBE_PERIOD_S,
     deployment_timeout_seconds,
     download_deadline_seconds,
-    memory_limit,
-    shm_size_gi,
     startup_budget_seconds,
 )
-from stacks.config import ConfigError, Model, flag_name, parse
 from tools.render import ROOT, Render, redact
 
 DEPLOYMENT = "kubernetes:apps/v1:Deployment"

@@ -17,9 +17,9 @@ from components.serving import monitoring
 from components.serving.edge import PROXY_TIMEOUT_S
 from components.serving.hold import SKIP_SCALED_OBJECT
 from components.serving.jobs import REQUEST_TIMEOUT_S, SMOKE_DEADLINE_S, SMOKE_SCRIPT
-from components.serving.sizing import IMAGE_PULL_S, startup_budget_seconds
 from policy.check_yaml import main as check_yaml
 from stacks.config import ConfigError, Model, parse
+from stacks.config.budgets import IMAGE_PULL_S, startup_budget_seconds
 from tests import checkers
 from tests.test_serving import DEPLOYMENT, INGRESS, JOB, SCALED_OBJECT, SERVICE, assert_valid, prod_raw
 from tools.render import ROOT, Render, manifests_yaml, policy_violations, redact, resources_json, run_program

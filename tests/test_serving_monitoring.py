@@ -13,7 +13,7 @@ import yaml
 
 from components.serving import monitoring
 from components.serving.names import download_job_name, selector_labels
-from components.serving.sizing import deployment_timeout_seconds, startup_budget_seconds
+from stacks.config.budgets import deployment_timeout_seconds, startup_budget_seconds
 from tests import checkers
 from tests.test_serving import DEPLOYMENT, HPA, SCALED_OBJECT, one, prod_model, prod_raw
 from tools.render import Render

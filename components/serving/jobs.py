@@ -23,9 +23,9 @@ from components.serving.server import (
     secret_env,
     token_env,
 )
-from components.serving.sizing import download_deadline_seconds
 from stacks.config import Cluster as ClusterConfig
 from stacks.config import Model
+from stacks.config.budgets import download_deadline_seconds
 from stacks.config.cluster import RequestHold
 
 JOB_TTL_S = 7 * 24 * 3600

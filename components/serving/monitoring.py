@@ -8,8 +8,8 @@ from typing import Any
 
 from components.serving.autoscaling import QUEUE_GAUGE
 from components.serving.names import download_job_name, object_name, selector_labels
-from components.serving.sizing import deployment_timeout_seconds
 from stacks.config import Model
+from stacks.config.budgets import deployment_timeout_seconds
 
 SCRAPE_INTERVAL = "15s"
 

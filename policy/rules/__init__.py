@@ -10,12 +10,25 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from . import coldstart, commands, edge, monitoring, network, podsecurity, reproducible, servers, stack, storage, workloads
+from . import (
+    autoscaling,
+    capacity,
+    coldstart,
+    commands,
+    edge,
+    monitoring,
+    network,
+    podsecurity,
+    reproducible,
+    servers,
+    storage,
+    workloads,
+)
 from .core import ADVISORY, MANDATORY, Resource, Rule, Violation, evaluate, format_line
 
 ALL_RULES: list[Rule] = [
-    *workloads.RULES, *servers.RULES, *reproducible.RULES, *storage.RULES, *commands.RULES, *stack.RULES, *edge.RULES, *network.RULES,
-    *podsecurity.RULES, *monitoring.RULES, *coldstart.RULES,
+    *workloads.RULES, *servers.RULES, *reproducible.RULES, *storage.RULES, *commands.RULES, *capacity.RULES, *autoscaling.RULES,
+    *edge.RULES, *network.RULES, *podsecurity.RULES, *monitoring.RULES, *coldstart.RULES,
 ]
 
 

@@ -12,10 +12,9 @@ from collections.abc import Iterator, Mapping, Sequence
 
 from . import k8s
 from .core import MANDATORY, Resource, Rule, attempt
-from .edge import HTTPROUTE, _edges, sent_hosts
+from .edge import HTTPROUTE, INGRESS_CLASS_NAMES, NGINX_DEFAULT_TIMEOUT, _edges, nginx_class, sent_hosts
 from .holds import Hold, hold_timeouts, holds
-from .k8s import as_list, as_map, dig, duration_seconds, to_int
-from .stack import NGINX_DEFAULT_TIMEOUT, Workload, nginx_class, workloads
+from .k8s import Workload, as_list, as_map, dig, duration_seconds, to_int, workloads
 from .workloads import probe_budget
 
 CHART_CONDITION_WAIT = "KEDA_CONDITION_WAIT_TIMEOUT, 20s in the add-on's chart"
@@ -120,6 +119,5 @@ RULES = [
          MANDATORY, check_request_hold,
          config={"minResponseHeaderSeconds": {"type": "integer", "minimum": 0, "default": 600,
                                               "description": "Minimum timeouts.responseHeader of the hold."},
-                 "ingressClassNames": {"type": "array", "items": {"type": "string"}, "default": ["nginx"],
-                                       "description": "Ingress classes served by ingress-nginx."}}),
+                 **INGRESS_CLASS_NAMES}),
 ]

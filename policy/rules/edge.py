@@ -15,8 +15,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from . import k8s
 from .core import MANDATORY, Resource, Rule, Unknown, attempt
 from .holds import Hold, holds
-from .k8s import as_list, as_map, container_name, dig, duration_seconds, namespace
-from .stack import Workload, stack_services, workloads
+from .k8s import Workload, as_list, as_map, container_name, dig, duration_seconds, namespace, object_key, to_int, workloads
 
 OPENAI_PREFIX = "/v1"
 HTTPROUTE = "kubernetes:gateway.networking.k8s.io/v1:HTTPRoute"
@@ -246,6 +245,97 @@ def check_route_streaming(resources: list[Resource], cfg: Mapping) -> Iterator[t
                 f"streamed answer is cut off with 504. Set timeouts.request (and backendRequest) to \"{minimum}s\" or more.")
 
 
+# --- nginx Ingresses in front of vLLM ------------------------------------------------------------
+
+# ingress-nginx's default proxy timeouts.
+NGINX_DEFAULT_TIMEOUT = 60
+# The config key of every rule that judges nginx Ingresses.
+INGRESS_CLASS_NAMES = {"ingressClassNames": {"type": "array", "items": {"type": "string"}, "default": ["nginx"],
+                                             "description": "Ingress classes served by ingress-nginx."}}
+
+
+def nginx_class(props: Mapping, class_names: Sequence[str]) -> bool:
+    name = dig(props, "spec", "ingressClassName")
+    if name is None:
+        name = as_map(dig(props, "metadata", "annotations")).get("kubernetes.io/ingress.class")
+    return name in class_names
+
+
+def backend_services(props: Mapping) -> set[str]:
+    spec = as_map(props.get("spec"))
+    backends = [spec.get("defaultBackend")]
+    for rule in as_list(spec.get("rules")):
+        backends += [as_map(p).get("backend") for p in as_list(dig(rule, "http", "paths"))]
+    return {str(dig(b, "service", "name")) for b in backends if dig(b, "service", "name")}
+
+
+def _serves_vllm(service: Resource, candidates: Sequence[Workload]) -> bool:
+    if dig(service.view, "spec", "type") == "ExternalName":
+        return True  # a name for something elsewhere (the HTTP add-on's interceptor, say): it may be vLLM
+    selector = as_map(dig(service.view, "spec", "selector"))
+    ns = namespace(service.view)
+    return any(w.namespace == ns and k8s.selects(selector, k8s.pod_labels(w.resource)) for w in candidates)
+
+
+def stack_services(resources: Sequence[Resource]) -> dict[tuple[str, str], Resource]:
+    services = {}
+    for service in k8s.kinds_in(resources, frozenset({k8s.SERVICE})):
+        key = attempt(object_key, service)
+        if key:
+            services[key] = service
+    return services
+
+
+def fronts_vllm(ingress: Resource, services: Mapping[tuple[str, str], Resource], model_pods: Sequence[Workload]) -> bool:
+    """An Ingress counts as "in front of vLLM" unless every backend is a Service
+    of this stack that selects no GPU/vLLM pod: the policy cannot see pods that
+    live elsewhere, and a streaming API behind buffering is the costly mistake."""
+    ns = namespace(ingress.view)
+    for name in backend_services(ingress.view):
+        service = services.get((ns, name))
+        if service is None or attempt(_serves_vllm, service, model_pods, default=True):
+            return True
+    return False
+
+
+def _timeout_problem(annotations: Mapping, key: str, minimum: int) -> str | None:
+    raw = annotations.get(f"nginx.ingress.kubernetes.io/{key}")
+    value = NGINX_DEFAULT_TIMEOUT if raw is None else to_int(raw)
+    if value is None:
+        return f"{key} {raw!r} is not a number of seconds"
+    if value < minimum:
+        return f"{key} is {value}s{' (nginx default)' if raw is None else ''}"
+    return None
+
+
+def check_ingress_streaming(resources: list[Resource], cfg: Mapping) -> Iterator[tuple[Resource, str]]:
+    minimum, classes = int(cfg["minProxyTimeoutSeconds"]), list(cfg["ingressClassNames"])
+    # Read once for all Ingresses: per Ingress it made the rule quadratic in the stack's size.
+    services = stack_services(resources)
+    model_pods = [w for w in workloads(resources) if w.gpus_per_pod or w.vllm]
+    for ingress in k8s.kinds_in(resources, frozenset({k8s.INGRESS})):
+        try:
+            if not nginx_class(ingress.view, classes) or not fronts_vllm(ingress, services, model_pods):
+                continue
+            annotations = as_map(dig(ingress.view, "metadata", "annotations"))
+            buffering = annotations.get("nginx.ingress.kubernetes.io/proxy-buffering")
+            timeouts = [_timeout_problem(annotations, k, minimum) for k in ("proxy-read-timeout",
+                                                                         "proxy-send-timeout")]
+        except Unknown:
+            continue
+        if buffering != "off":
+            yield ingress, (
+                "nginx buffers the upstream response (proxy-buffering is not \"off\"): streamed tokens "
+                "arrive all at once at the end, so streaming looks broken. Add annotation "
+                "nginx.ingress.kubernetes.io/proxy-buffering: \"off\".")
+        problems = [t for t in timeouts if t]
+        if problems:
+            yield ingress, (
+                f"{'; '.join(problems)} (< {minimum}s): long generations and a slow first token are cut "
+                f"off with 504 Gateway Time-out. Set nginx.ingress.kubernetes.io/proxy-read-timeout and "
+                f"proxy-send-timeout to \"{minimum}\" or more.")
+
+
 RULES = [
     Rule("edge-vllm-openai-only",
          "Ingresses and HTTPRoutes in front of vLLM forward only /v1 (the paths vLLM's API key guards).",
@@ -263,4 +353,10 @@ RULES = [
          MANDATORY, check_route_streaming,
          config={"minTimeoutSeconds": {"type": "integer", "minimum": 0, "default": 600,
                                        "description": "Minimum timeouts.request / backendRequest."}}),
+    Rule("ingress-vllm-streaming",
+         "nginx Ingresses in front of vLLM disable proxy buffering and allow long proxy timeouts.",
+         MANDATORY, check_ingress_streaming,
+         config={"minProxyTimeoutSeconds": {"type": "integer", "minimum": 0, "default": 600,
+                                            "description": "Minimum proxy-read/send-timeout."},
+                 **INGRESS_CLASS_NAMES}),
 ]

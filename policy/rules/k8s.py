@@ -7,9 +7,10 @@ import posixpath
 import re
 import shlex
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from .core import EMPTY, Resource
+from .core import EMPTY, Resource, attempt
 
 GPU = "nvidia.com/gpu"
 # A time-slice of a card (the device plugin's renameByDefault), and MIG instances (`nvidia.com/mig-3g.40gb`).
@@ -359,3 +360,36 @@ def node_label_value(spec: Mapping, key: str) -> str | None:
 def kinds_in(resources: Sequence[Resource], types: frozenset[str]) -> Iterator[Resource]:
     return (r for r in resources if r.type in types)
 
+
+def object_key(resource: Resource) -> tuple[str, str]:
+    """(namespace, name) of an object."""
+    return namespace(resource.view), str(dig(resource.view, "metadata", "name"))
+
+
+# --- the stack's workloads ----------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Workload:
+    resource: Resource
+    namespace: str
+    name: str | None
+    spec: Mapping
+    vllm: bool
+    gpu_resources: Mapping[str, int]
+    """GPUs one pod holds, by resource (whole cards, time-slices, MIG instances)."""
+
+    @property
+    def gpus_per_pod(self) -> int:
+        return sum(self.gpu_resources.values())
+
+
+def workloads(resources: Sequence[Resource]) -> list[Workload]:
+    """Pod-templating resources whose shape is known (unknown ones are skipped)."""
+
+    def read(r: Resource) -> Workload:
+        spec = pod_template(r) or {}
+        return Workload(r, namespace(r.view), dig(r.view, "metadata", "name"), spec,
+                        any(is_vllm_server(c) for c in containers(spec)), pod_gpu_resources(spec))
+
+    found = (attempt(read, r) for r in kinds_in(resources, WORKLOADS))
+    return [w for w in found if w is not None]

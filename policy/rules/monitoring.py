@@ -8,8 +8,7 @@ from collections.abc import Iterator, Mapping
 
 from . import k8s
 from .core import MANDATORY, Resource, Rule, Unknown
-from .k8s import as_map, dig, namespace
-from .stack import workloads
+from .k8s import as_map, dig, namespace, workloads
 
 POD_MONITOR = "kubernetes:monitoring.coreos.com/v1:PodMonitor"
 

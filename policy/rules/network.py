@@ -13,8 +13,7 @@ from collections.abc import Iterator, Mapping, Sequence
 
 from . import k8s
 from .core import MANDATORY, Resource, Rule, Unknown
-from .k8s import as_list, as_map, dig, namespace
-from .stack import Workload, workloads
+from .k8s import Workload, as_list, as_map, dig, namespace, workloads
 
 NETWORK_POLICY = "kubernetes:networking.k8s.io/v1:NetworkPolicy"
 DNS_PORTS = {"53", "dns", "dns-tcp"}

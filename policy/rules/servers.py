@@ -1,5 +1,5 @@
-"""Rules for the vLLM server container itself: stopping without cutting streams, offline
-serving, a read-only root filesystem, and what the config refuses, refused in any YAML too."""
+"""Rules for the vLLM server container itself: stopping without cutting streams (and a node drain that keeps
+a replica up), offline serving, a read-only root filesystem, and what the config refuses, refused in any YAML too."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import re
 from collections.abc import Iterator, Mapping
 
 from . import k8s
-from .core import ADVISORY, MANDATORY, Resource, Rule
-from .k8s import GPU, as_list, as_map, container_name, dig, to_int
+from .core import ADVISORY, MANDATORY, Resource, Rule, attempt
+from .k8s import GPU, as_list, as_map, container_name, dig, namespace, to_int, workloads
 
 # --- graceful drain ---------------------------------------------------------------------------
 
@@ -231,6 +231,37 @@ def check_lora_modules(resource: Resource, _cfg: Mapping) -> Iterator[str]:
                        f"Download it to the model volume and give its path there.")
 
 
+# --- a drain keeps the model up ----------------------------------------------------------
+
+PDB = "kubernetes:policy/v1:PodDisruptionBudget"
+
+
+def check_disruption_budget(resources: list[Resource], _cfg: Mapping) -> Iterator[tuple[Resource, str]]:
+    budgets = []
+    for pdb in k8s.kinds_in(resources, frozenset({PDB})):
+        selector = attempt(lambda r: as_map(dig(r.view, "spec", "selector", "matchLabels")), pdb)
+        if selector is None:
+            return  # an unknown selector could cover anything
+        budgets.append((namespace(pdb.view), selector))
+    # Judged only with the Service in view: a Deployment checked alone may have its PDB elsewhere.
+    served = []
+    for service in k8s.kinds_in(resources, frozenset({k8s.SERVICE})):
+        selector = attempt(lambda r: as_map(dig(r.view, "spec", "selector")), service)
+        if selector is not None:
+            served.append((namespace(service.view), selector))
+    for w in workloads(resources):
+        if not w.vllm or w.resource.type not in k8s.SCALABLE:
+            continue
+        labels = attempt(k8s.pod_labels, w.resource)
+        if labels is None or any(ns == w.namespace and k8s.selects(sel, labels) for ns, sel in budgets):
+            continue
+        if not any(ns == w.namespace and k8s.selects(sel, labels) for ns, sel in served):
+            continue
+        yield w.resource, (
+            "no PodDisruptionBudget selects these vLLM pods: a node drain evicts every replica at once and the "
+            "model is down until they have reloaded (minutes). Add a PodDisruptionBudget with maxUnavailable: 1.")
+
+
 RULES = [
     Rule("vllm-graceful-drain",
          "vLLM server pods hold SIGTERM back with a preStop and get a grace period ≥ preStop + drain time.",
@@ -254,4 +285,6 @@ RULES = [
          "A vLLM server has no literal --api-key or --hf-token, no --disable-log-stats, no hand-set CUDA/NVIDIA_VISIBLE_DEVICES, "
          "and a --gpu-memory-utilization in (0, 1].",
          MANDATORY, check_vllm_server_flags, k8s.WORKLOADS),
+    Rule("vllm-disruption-budget", "vLLM Deployments and StatefulSets are covered by a PodDisruptionBudget.",
+         ADVISORY, check_disruption_budget),
 ]

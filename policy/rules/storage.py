@@ -1,12 +1,13 @@
-"""PersistentVolumes that hold models."""
+"""PersistentVolumes that hold models, and the claims a workload of several replicas mounts."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 
 from . import k8s
-from .core import MANDATORY, Resource, Rule
-from .k8s import as_list, as_map, dig
+from .autoscaling import max_replicas, scalers
+from .core import MANDATORY, Resource, Rule, attempt
+from .k8s import as_list, as_map, dig, object_key, workloads
 
 NODE_BOUND_SOURCES = ("hostPath", "local")
 
@@ -54,9 +55,72 @@ def check_model_pv_retain(resource: Resource, _cfg: Mapping) -> Iterator[str]:
                f"everything again. Set persistentVolumeReclaimPolicy: Retain.")
 
 
+# --- ReadWriteOnce claims ---------------------------------------------------------------
+
+def single_node_volumes(resources: Sequence[Resource]) -> set[str]:
+    """PVs whose required node affinity names exactly one node: every pod using them runs there."""
+
+    def pinned(r: Resource) -> bool:
+        terms = as_list(dig(r.view, "spec", "nodeAffinity", "required", "nodeSelectorTerms"))
+        expressions = [e for t in terms for e in as_list(as_map(t).get("matchExpressions"))]
+        if len(terms) != 1 or len(expressions) != 1:
+            return False
+        expression = as_map(expressions[0])
+        return (expression.get("key") == "kubernetes.io/hostname" and expression.get("operator") == "In"
+                and len(as_list(expression.get("values"))) == 1)
+
+    return {str(dig(r.view, "metadata", "name")) for r in k8s.kinds_in(resources, frozenset({k8s.PV})) if attempt(pinned, r)}
+
+
+def rwo_claims(resources: Sequence[Resource]) -> dict[tuple[str, str], list[str]]:
+    """ReadWriteOnce claims that could be asked to attach on two nodes.
+
+    A claim bound to a single-node PV is left out: ReadWriteOnce is per node, and that PV's
+    affinity already keeps every replica on its node (ReadWriteOncePod stays in: it is per pod).
+    """
+
+    def read(r: Resource) -> tuple[tuple[str, str], list[str], str]:
+        modes = [str(m) for m in as_list(dig(r.view, "spec", "accessModes"))]
+        return object_key(r), modes, str(dig(r.view, "spec", "volumeName") or "")
+
+    pinned = single_node_volumes(resources)
+    claims = {}
+    for r in k8s.kinds_in(resources, frozenset({k8s.PVC})):
+        found = attempt(read, r)
+        if not found or "ReadWriteMany" in found[1] or not any(m.startswith("ReadWriteOnce") for m in found[1]):
+            continue
+        if found[2] in pinned and "ReadWriteOncePod" not in found[1]:
+            continue
+        claims[found[0]] = found[1]
+    return claims
+
+
+def check_rwo_claims(resources: list[Resource], _cfg: Mapping) -> Iterator[tuple[Resource, str]]:
+    claims = rwo_claims(resources)
+    all_scalers = scalers(resources)
+    for w in workloads(resources):
+        if w.resource.type != k8s.DEPLOYMENT:
+            continue
+        replicas = attempt(max_replicas, w, all_scalers, default=1)
+        if replicas <= 1:
+            continue
+        for volume in k8s.volumes(w.spec).values():
+            claim = dig(volume, "persistentVolumeClaim", "claimName")
+            modes = claims.get((w.namespace, str(claim)))
+            if modes:
+                yield w.resource, (
+                    f"mounts claim {claim} ({', '.join(modes)}) but may run {replicas} replicas: the "
+                    f"second pod lands on another node and hangs in ContainerCreating with "
+                    f"'Multi-Attach error'. Use a ReadWriteMany claim (NFS) shared by all replicas, a "
+                    f"StatefulSet with volumeClaimTemplates, or a single replica.")
+
+
 RULES = [
     Rule("local-pv-node-affinity", "hostPath/local PersistentVolumes are pinned to their node by required nodeAffinity.",
          MANDATORY, check_local_pv_affinity, frozenset({k8s.PV})),
     Rule("model-pv-retain", "PersistentVolumes that hold models use the Retain reclaim policy.",
          MANDATORY, check_model_pv_retain, frozenset({k8s.PV})),
+    Rule("rwo-claim-single-replica",
+         "A Deployment that may run more than one replica mounts no ReadWriteOnce claim.",
+         MANDATORY, check_rwo_claims),
 ]

@@ -3,17 +3,19 @@
 The models are the one source of truth for keys, types and defaults; the README's config
 reference is written from them. Everything is validated before any resource is declared,
 and every error names the key path the user has to change. One module per top-level key
-(`cluster`, `nodes`, `modelStorage`, `models`; a node's GPU sharing in `sharing`), the cross-key
-checks in `stack`, and the error reporting in `load`.
+(`cluster`, `nodes`, `modelStorage`, `models`; a node's GPU sharing in `sharing`), the time budgets a
+model's size implies in `budgets`, the whole stack in `stack` with its cross-key checks by concern in
+`checks`, and the error reporting in `load`.
 """
 
 from stacks.config.base import PROJECT, ConfigError
+from stacks.config.checks.disks import refuse_shrinking
 from stacks.config.cluster import Cluster, DevicePlugin, GpuTaint, Kubeconfig, PrometheusAdapter
 from stacks.config.load import TOP_LEVEL_KEYS, parse
 from stacks.config.models import BUNDLE_ENV, BUNDLE_FLAGS, MODEL_NAME_MAX, SECRET_LIKE, Ingress, Model, Replicas, flag_name
 from stacks.config.nodes import Gpu, Node, NodeStorage, Ssh, partition_bytes, size_gb_for
 from stacks.config.sharing import Mig, Sharing, TimeSlicing
-from stacks.config.stack import ROLLOUT_SALT_SECRET, StackConfig, refuse_shrinking
+from stacks.config.stack import ROLLOUT_SALT_SECRET, StackConfig
 from stacks.config.storage import ClassStorage, LocalStorage, ModelStorage, NfsStorage, usable_gib
 
 __all__ = [

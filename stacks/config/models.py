@@ -19,6 +19,7 @@ from stacks.config.base import (
     _Model,
     refuse_loopback,
 )
+from stacks.config.budgets import IMAGE_PULL_S, startup_budget_seconds
 from stacks.config.secrets import looks_like_secret_value
 
 
@@ -306,18 +307,13 @@ class Model(_Model):
 
     @property
     def startup_budget_seconds(self) -> int:
-        """How long the startup probe lets the server load (components/serving/sizing.py)."""
-        # Imported here: the serving package imports this module, so a top-level import would be circular.
-        from components.serving.sizing import startup_budget_seconds
-
+        """How long the startup probe lets the server load (`budgets`)."""
         return startup_budget_seconds(self.weights_gb)
 
     @property
     def cold_start_seconds(self) -> int:
         """How long a request to this model at zero replicas is held: `replicas.coldStartTimeoutSeconds`, or the
         image pull allowance plus the startup budget (what a start on a node without the image may take)."""
-        from components.serving.sizing import IMAGE_PULL_S
-
         configured = self.replicas.cold_start_timeout_seconds
         return configured if configured is not None else IMAGE_PULL_S + self.startup_budget_seconds
 

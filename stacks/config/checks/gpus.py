@@ -1,0 +1,131 @@
+"""Which nodes a model's pods fit on: nodes of its product that advertise what it asks for (GFD's label only
+with GFD, MIG only with the GPU Operator's plugin), enough GPUs at max replicas, no placement that strands a
+pod, and time-shared cards whose memory shares add up."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import TYPE_CHECKING
+
+from stacks.config.base import _at
+from stacks.config.models import Model
+from stacks.config.nodes import Node
+from stacks.config.sharing import GPU, SHARED, resource_name
+from stacks.placement import stranded_pod
+
+if TYPE_CHECKING:
+    from stacks.config.stack import StackConfig
+
+
+def check_gfd_label(stack: StackConfig, i: int) -> None:
+    if stack.models[i].gfd_product is not None and not stack.cluster.gpu_feature_discovery:
+        raise _at(
+            f"models[{i}].gfdProduct",
+            "selects on GPU Feature Discovery's label, but cluster.gpuFeatureDiscovery is false: no node would carry it",
+        )
+
+
+def check_demand(stack: StackConfig) -> None:
+    # Counted per product and per resource a node advertises: whole cards, time-slices, each MIG profile.
+    demand: Counter[tuple[str, str]] = Counter()
+    for i, model in enumerate(stack.models):
+        nodes = [n for n in stack.nodes if n.gpu.product == model.gpu_product]
+        if not nodes:
+            products = sorted({n.gpu.product for n in stack.nodes})
+            raise _at(f"models[{i}].gpuProduct", f"{model.gpu_product!r} matches no node (products: {', '.join(products)})")
+        resource = model.gpu_resource
+        largest = max(n.gpu.advertised.get(resource, 0) for n in nodes)
+        if largest == 0:
+            raise _at(f"models[{i}].gpuResource", missing_resource(model, nodes))
+        if model.gpus_per_replica > largest:
+            raise _at(
+                f"models[{i}].gpusPerReplica",
+                f"{model.gpus_per_replica} GPUs, but the largest {model.gpu_product} node has {largest}; "
+                "one pod cannot span nodes (tensor parallelism needs all its GPUs on one node)",
+            )
+        demand[(model.gpu_product, resource)] += model.replicas.max * model.gpus_per_replica
+    for (product, resource), wanted in demand.items():
+        have = sum(n.gpu.advertised.get(resource, 0) for n in stack.nodes if n.gpu.product == product)
+        if wanted > have:
+            what = f"{product} GPUs" if resource == GPU else f"{resource_name(resource)} on {product} nodes"
+            raise _at(
+                "models",
+                f"at max replicas the models need {wanted} {what} but the nodes declare {have}; "
+                f"the extra pods would stay Pending with 'Insufficient {resource_name(resource)}' — lower replicas.max or add nodes",
+            )
+
+
+def missing_resource(model: Model, nodes: list[Node]) -> str:
+    """Why no node of the model's product can run its pods: none advertises what the pods ask for."""
+    resource = model.gpu_resource
+    offered = sorted({name for n in nodes for name in n.gpu.advertised})
+    if resource == GPU:
+        fix = ("set gpuResource to what they advertise (a shared card is never given to a model that did not ask for one), "
+               "or remove gpu.sharing from a node")
+    elif resource == SHARED:
+        fix = "give a node gpu.sharing.timeSlicing, or ask for gpu"
+    else:
+        fix = f"add {resource.removeprefix('mig-')} to a node's gpu.sharing.mig.profiles, or ask for what they advertise"
+    return (f"{resource}, but no {model.gpu_product} node advertises {resource_name(resource)} (they advertise "
+            f"{', '.join(resource_name(o) for o in offered)}): its pods would stay Pending; {fix}")
+
+
+def check_per_node_fit(stack: StackConfig) -> None:
+    for product, resource in sorted({(m.gpu_product, m.gpu_resource) for m in stack.models}):
+        nodes = [n for n in stack.nodes if n.gpu.product == product and n.gpu.advertised.get(resource)]
+        models = [(i, m) for i, m in enumerate(stack.models) if (m.gpu_product, m.gpu_resource) == (product, resource)]
+        pods = [m.gpus_per_replica for _, m in models for _ in range(m.replicas.max)]
+        stranding = stranded_pod([n.gpu.advertised[resource] for n in nodes], pods)
+        if stranding is None:
+            continue
+        i = next(i for i, m in models if m.gpus_per_replica == stranding.size)
+        placed = "; ".join(
+            f"{node.name}: {' + '.join(map(str, pods_there)) or 'nothing'} ({free} free)"
+            for node, pods_there, free in zip(nodes, stranding.placement, stranding.free, strict=True)
+        )
+        raise _at(
+            f"models[{i}].gpusPerReplica",
+            f"its {stranding.size}-GPU pods can be left Pending although the {product} GPUs add up: the scheduler may "
+            f"place the other pods as {placed}, and it never moves a running pod to make room — give the models on "
+            "these nodes the same gpusPerReplica, lower replicas.max, or add a node",
+        )
+
+
+def check_time_sliced_memory(stack: StackConfig) -> None:
+    # vLLM's --gpu-memory-utilization is a share of the whole card's memory, taken at start, and
+    # time-slicing isolates no memory: pods on one card must add up to 1.0 at most. The device plugin,
+    # not the scheduler, picks the card behind a slice, and which pods meet on one changes as they
+    # restart, so any `replicas` of the pods that may land on the node can meet on one card.
+    for node in stack.nodes:
+        sharing = node.gpu.sharing
+        if sharing is None or sharing.time_slicing is None:
+            continue
+        replicas = sharing.time_slicing.replicas
+        pods = sorted(((m.gpu_memory_utilization, i) for i, m in enumerate(stack.models)
+                       if m.gpu_product == node.gpu.product and m.gpu_resource == SHARED for _ in range(m.replicas.max)),
+                      key=lambda pod: (-pod[0], pod[1]))
+        worst = pods[:replicas]
+        total = sum(share for share, _ in worst)
+        if round(total, 6) <= 1:
+            continue
+        shares = " + ".join(f"{share:g} (models[{i}])" for share, i in worst)
+        raise _at(
+            f"models[{worst[0][1]}].gpuMemoryUtilization",
+            f"{worst[0][0]:g}, but on {node.name} up to {replicas} of the shared pods can run on one card "
+            f"(timeSlicing.replicas; the device plugin picks the card, not the scheduler): {shares} = {total:g} of its "
+            "memory, which is not isolated, so the later pod fails at start — lower gpuMemoryUtilization until any "
+            f"{replicas} of them add up to 1.0 or less, or lower timeSlicing.replicas",
+        )
+
+
+def check_mig_plugin(stack: StackConfig) -> None:
+    if not stack.cluster.device_plugin.enabled:
+        return
+    for i, node in enumerate(stack.nodes):
+        if node.gpu.sharing is not None and node.gpu.sharing.mig is not None:
+            raise _at(
+                f"nodes[{i}].gpu.sharing.mig",
+                "not with cluster.devicePlugin.enabled: the stack's device plugin does not run MIG (the cards need "
+                "NVIDIA's MIG manager to create the instances, and the plugin CAP_SYS_ADMIN to list them): use the "
+                "GPU Operator's (devicePlugin.enabled: false)",
+            )
