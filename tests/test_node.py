@@ -535,11 +535,10 @@ def test_degraded_stdout_warns_through_the_component():
 
     result: dict[str, Any] = {}
     done = node.outputs.apply(lambda o: result.update(o))
-    from pulumi.runtime.stack import wait_for_rpcs
-    from pulumi.runtime.sync_await import _sync_await
+    from tools.render import sdk
 
-    _sync_await(done.future())
-    _sync_await(wait_for_rpcs())
+    sdk.sync_await(done.future())
+    sdk.settle()
     assert result["health"] == "degraded"
     assert any("degraded" in w for w in warnings), warnings
 
@@ -614,10 +613,9 @@ def deployed_outputs_when(answer) -> tuple[dict[str, Any], list[str], Any]:
     (outputs, warnings, the RPC manager's unhandled exception)."""
     import pulumi
     from pulumi.runtime.settings import _get_rpc_manager
-    from pulumi.runtime.stack import wait_for_rpcs
-    from pulumi.runtime.sync_await import _sync_await
 
     import stacks
+    from tools.render import sdk
 
     class Engine(pulumi.runtime.Mocks):
         def new_resource(self, args):
@@ -629,7 +627,7 @@ def deployed_outputs_when(answer) -> tuple[dict[str, Any], list[str], Any]:
     logger, warnings = warning_logger(f"test-deployed-{id(answer)}")
     pulumi.runtime.set_mocks(Engine(), project="gpu-serving", stack="prod", preview=True, logger=logger, organization="acme")
     outputs = stacks.deployed_outputs()
-    _sync_await(wait_for_rpcs(await_all_outstanding_tasks=True))
+    sdk.settle()
     return outputs, warnings, _get_rpc_manager().unhandled_exception
 
 

@@ -189,15 +189,15 @@ def test_the_few_gpus_example_puts_three_models_on_two_cards(tmp_path: Path) -> 
 
 def test_a_mandatory_policy_violation_fails_the_render(tmp_path: Path) -> None:
     """A stack the config accepts but the pack refuses: the render must stop, pointing at policy.txt."""
-    from tools import render as render_module
+    from tools.render import findings, main
 
-    original = render_module.policy_config
+    original = findings.policy_config
     try:
         # A cluster whose policy demands a longer startup probe than any model here has.
-        render_module.policy_config = lambda r: {"gpu-startup-probe": {"minStartupSeconds": 100_000}}  # type: ignore[assignment]
-        assert render_module.main(["prod", "--out", str(tmp_path)]) == 1
+        findings.policy_config = lambda r: {"gpu-startup-probe": {"minStartupSeconds": 100_000}}  # type: ignore[assignment]
+        assert main(["prod", "--out", str(tmp_path)]) == 1
     finally:
-        render_module.policy_config = original  # type: ignore[assignment]
+        findings.policy_config = original  # type: ignore[assignment]
     assert "mandatory gpu-startup-probe" in (tmp_path / "policy.txt").read_text()
 
 

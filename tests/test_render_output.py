@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tools import render as render_module
-from tools.render import ROOT, ManifestDumper, Render, run_program, write
+from tools.render import ROOT, ManifestDumper, Render, files, findings, main, run_program, write
 
 PROD = (ROOT / "Pulumi.prod.yaml").read_text()
 
@@ -107,9 +106,9 @@ def test_a_failed_render_leaves_no_manifests_for_the_stack(tmp_path: Path) -> No
 
 def test_a_mandatory_policy_violation_leaves_only_the_findings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     out = tmp_path / "out"
-    assert render_module.main(["prod", "--out", str(out)]) == 0
-    monkeypatch.setattr(render_module, "policy_config", lambda r: {"gpu-startup-probe": {"minStartupSeconds": 100_000}})
-    assert render_module.main(["prod", "--out", str(out)]) == 1
+    assert main(["prod", "--out", str(out)]) == 0
+    monkeypatch.setattr(findings, "policy_config", lambda r: {"gpu-startup-probe": {"minStartupSeconds": 100_000}})
+    assert main(["prod", "--out", str(out)]) == 1
     assert sorted(tree(out)) == ["policy.txt"]
     assert "mandatory gpu-startup-probe" in (out / "policy.txt").read_text()
 
@@ -128,7 +127,7 @@ def test_a_write_that_fails_half_way_leaves_the_previous_render(prod: Render, tm
         path.write_text(text)
         return path
 
-    monkeypatch.setattr(render_module, "_write", failing)
+    monkeypatch.setattr(files, "_write", failing)
     with pytest.raises(OSError):
         write(prod, out)
     assert tree(out) == before

@@ -74,16 +74,16 @@ def test_secrets_are_carried_only_as_secret_values(canary_render: tuple[Render, 
 
 
 def test_canary_does_not_reach_the_cli_output(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    from tools import render as render_module
+    from tools.render import cli
 
     raw = prod_raw()
     canaries = canaries_for(raw)
-    original = render_module.run_program
+    original = cli.run_program
     try:
-        render_module.run_program = lambda stack, **kw: original(stack, secret_values=canaries, **kw)  # type: ignore[assignment]
-        assert render_module.main(["prod", "--out", str(tmp_path)]) == 0
+        cli.run_program = lambda stack, **kw: original(stack, secret_values=canaries, **kw)  # type: ignore[assignment]
+        assert cli.main(["prod", "--out", str(tmp_path)]) == 0
     finally:
-        render_module.run_program = original  # type: ignore[assignment]
+        cli.run_program = original  # type: ignore[assignment]
     captured = capsys.readouterr()
     for canary in canaries.values():
         assert canary not in captured.out + captured.err

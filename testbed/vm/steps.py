@@ -1,5 +1,5 @@
 """The node steps a VM test runs: the prod stack's node, its storage pointed at the VM's disks,
-rendered offline (tools/render.py, the SDK's mock engine) exactly as `pulumi up` would send them."""
+rendered offline (tools/render/, the SDK's mock engine) exactly as `pulumi up` would send them."""
 
 from __future__ import annotations
 
