@@ -10,8 +10,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from components.sharing import DEVICE_PLUGIN_CONFIG_LABEL, device_plugin_configs, mig_parted_config, time_slicing_configs
-from stacks.config import Cluster as ClusterConfig
-from stacks.config import Node
+from stacks.config import ClusterConfig, Node
 
 PART_OF = {"app.kubernetes.io/part-of": "gpu-serving", "app.kubernetes.io/managed-by": "pulumi"}
 # Server-side apply refuses to set a field another field manager owns (a `kubectl edit`/`patch` by

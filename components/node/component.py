@@ -18,8 +18,7 @@ import pulumi_kubernetes as k8s
 from components.node.labels import node_labels, node_taints
 from components.node.reports import health_warning, storage_outputs
 from components.node.steps import RUNTIME_STEP, steps
-from stacks.config import Cluster as ClusterConfig
-from stacks.config import Node
+from stacks.config import ClusterConfig, Node
 
 # mkfs, initramfs rebuilds (~90 s on a small VM, minutes on a big node) and resizes can be slow.
 TIMEOUTS = {

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from components.sharing import sharing_labels
-from stacks.config import Cluster as ClusterConfig
-from stacks.config import Node
+from stacks.config import ClusterConfig, Node
 from stacks.config.cluster import GPU_COUNT_LABEL
 
 

@@ -22,8 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from components.node.script import render_script
-from stacks.config import Cluster as ClusterConfig
-from stacks.config import Node
+from stacks.config import ClusterConfig, Node
 
 DISK_STEPS = ("10-preflight", "20-partition", "30-raid", "40-filesystem", "50-mount", "60-grow", "70-health")
 RUNTIME_STEP = "80-runtime"

@@ -9,8 +9,7 @@ import yaml
 
 from components.serving.hold import wake_trigger
 from components.serving.names import object_name
-from stacks.config import Cluster as ClusterConfig
-from stacks.config import Model
+from stacks.config import ClusterConfig, Model
 from stacks.config.cluster import RequestHold
 
 QUEUE_GAUGE = "vllm:num_requests_waiting"

@@ -27,8 +27,7 @@ from components.serving.jobs import job_spec, smoke_deadline_seconds, smoke_job_
 from components.serving.monitoring import pod_monitor_spec, prometheus_rule_spec
 from components.serving.names import download_job_name, hold_name, labels, object_name, secret_name
 from components.serving.server import deployment_spec
-from stacks.config import Cluster as ClusterConfig
-from stacks.config import Model
+from stacks.config import ClusterConfig, Model
 from stacks.config.budgets import IMAGE_PULL_S, deployment_timeout_seconds, download_deadline_seconds
 
 

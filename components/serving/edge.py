@@ -5,8 +5,7 @@ from __future__ import annotations
 import pulumi_kubernetes as k8s
 
 from components.serving.names import PORT, hold_host, hold_name, instance_labels, object_name, selector_labels
-from stacks.config import Cluster as ClusterConfig
-from stacks.config import Model
+from stacks.config import ClusterConfig, Model
 
 PROXY_TIMEOUT_S = 600
 """The Gateway's total request timeout (`timeouts.request`), and ingress-nginx's read/send timeouts,

@@ -11,8 +11,7 @@ from typing import Any
 
 from components.serving.edge import OPENAI_PREFIX, proxy_timeout_seconds
 from components.serving.names import PORT, hold_host, object_name
-from stacks.config import Cluster as ClusterConfig
-from stacks.config import Model
+from stacks.config import ClusterConfig, Model
 
 GATEWAY_GROUP = "gateway.networking.k8s.io"
 

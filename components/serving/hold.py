@@ -28,8 +28,7 @@ import pulumi_kubernetes as k8s
 from components.cluster import PART_OF, applied_annotations
 from components.serving.edge import OPENAI_PREFIX, PROXY_TIMEOUT_S
 from components.serving.names import PORT, hold_host, hold_name, object_name
-from stacks.config import Cluster as ClusterConfig
-from stacks.config import Model
+from stacks.config import ClusterConfig, Model
 from stacks.config.cluster import RequestHold
 
 SKIP_SCALED_OBJECT = "httpscaledobject.keda.sh/skip-scaledobject-creation"

@@ -23,8 +23,7 @@ from components.serving.server import (
     secret_env,
     token_env,
 )
-from stacks.config import Cluster as ClusterConfig
-from stacks.config import Model
+from stacks.config import ClusterConfig, Model
 from stacks.config.budgets import download_deadline_seconds
 from stacks.config.cluster import RequestHold
 

@@ -11,8 +11,7 @@ from components.serving.lora import lora_args, lora_env
 from components.serving.names import DOWNLOAD_DIR, MODEL_MOUNT, PORT, labels, secret_name, selector_labels
 from components.serving.profile import container_security_context, pod_security_context, profile_env, scratch_volumes
 from components.serving.sizing import memory_limit, shm_size_gi
-from stacks.config import Cluster as ClusterConfig
-from stacks.config import Model
+from stacks.config import ClusterConfig, Model
 from stacks.config.budgets import PROBE_PERIOD_S, deployment_timeout_seconds, startup_budget_seconds
 from stacks.config.cluster import GFD_PRODUCT_LABEL
 from stacks.config.sharing import resource_name

@@ -10,18 +10,18 @@ model's size implies in `budgets`, the whole stack in `stack` with its cross-key
 
 from stacks.config.base import PROJECT, ConfigError
 from stacks.config.checks.disks import refuse_shrinking
-from stacks.config.cluster import Cluster, DevicePlugin, GpuTaint, Kubeconfig, PrometheusAdapter
+from stacks.config.cluster import ClusterConfig, DevicePlugin, GpuTaint, Kubeconfig, PrometheusAdapter
 from stacks.config.load import TOP_LEVEL_KEYS, parse
 from stacks.config.models import BUNDLE_ENV, BUNDLE_FLAGS, MODEL_NAME_MAX, SECRET_LIKE, Ingress, Model, Replicas, flag_name
 from stacks.config.nodes import Gpu, Node, NodeStorage, Ssh, partition_bytes, size_gb_for
 from stacks.config.sharing import Mig, Sharing, TimeSlicing
 from stacks.config.stack import ROLLOUT_SALT_SECRET, StackConfig
-from stacks.config.storage import ClassStorage, LocalStorage, ModelStorage, NfsStorage, usable_gib
+from stacks.config.storage import ClassStorage, LocalStorage, ModelStorageConfig, NfsStorage, usable_gib
 
 __all__ = [
     "BUNDLE_ENV", "BUNDLE_FLAGS", "MODEL_NAME_MAX", "PROJECT", "ROLLOUT_SALT_SECRET", "SECRET_LIKE", "TOP_LEVEL_KEYS",
-    "ClassStorage", "Cluster", "ConfigError", "DevicePlugin", "Gpu", "GpuTaint", "Ingress", "Kubeconfig",
-    "LocalStorage", "Mig", "Model", "ModelStorage", "NfsStorage", "Node", "NodeStorage", "PrometheusAdapter",
+    "ClassStorage", "ClusterConfig", "ConfigError", "DevicePlugin", "Gpu", "GpuTaint", "Ingress", "Kubeconfig",
+    "LocalStorage", "Mig", "Model", "ModelStorageConfig", "NfsStorage", "Node", "NodeStorage", "PrometheusAdapter",
     "Replicas", "Sharing", "Ssh", "StackConfig", "TimeSlicing", "flag_name", "parse", "partition_bytes", "refuse_shrinking",
     "size_gb_for", "usable_gib",
 ]

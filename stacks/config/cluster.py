@@ -176,7 +176,7 @@ class Gateway(_Model):
     """Whether the listener serves HTTPS (only the URLs the stack exports depend on it)."""
 
 
-class Cluster(_Model):
+class ClusterConfig(_Model):
     namespace: K8sName = "ai"
     """Namespace of every model object (Secret, Jobs, Deployment, Service, Ingress, autoscaler, claim)."""
     create_namespace: bool = True
@@ -244,7 +244,7 @@ class Cluster(_Model):
         return url
 
     @model_validator(mode="after")
-    def _own_labels(self) -> Cluster:
+    def _own_labels(self) -> ClusterConfig:
         if self.gpu_product_label.startswith("nvidia.com/"):
             raise _at(
                 "cluster.gpuProductLabel",
@@ -255,7 +255,7 @@ class Cluster(_Model):
         return self
 
     @model_validator(mode="after")
-    def _gateway_for_routes(self) -> Cluster:
+    def _gateway_for_routes(self) -> ClusterConfig:
         if self.edge == "gateway" and self.gateway is None:
             raise _at("cluster.gateway", "required with `edge: gateway` (name and namespace of the Gateway the routes attach to)")
         return self
@@ -277,7 +277,7 @@ class Cluster(_Model):
         return folder
 
     @model_validator(mode="after")
-    def _one_target(self) -> Cluster:
+    def _one_target(self) -> ClusterConfig:
         if self.render_yaml_to is not None and self.kubeconfig is not None:
             raise _at("cluster.kubeconfig", "drop it: `cluster.renderYamlTo` writes YAML and talks to no cluster")
         if self.render_yaml_to is None and self.kubeconfig is None:

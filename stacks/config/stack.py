@@ -6,10 +6,10 @@ from pydantic import Field, model_validator
 
 from stacks.config.base import SecretKeyName, _Model, _unique
 from stacks.config.checks import disks, edge, gpus, model_volume, reproducible, runtime, scaling, secret_keys
-from stacks.config.cluster import Cluster
+from stacks.config.cluster import ClusterConfig
 from stacks.config.models import Model
 from stacks.config.nodes import Node
-from stacks.config.storage import ModelStorage, usable_gib
+from stacks.config.storage import ModelStorageConfig, usable_gib
 
 ROLLOUT_SALT_SECRET = "rolloutSalt"
 """Secret config key holding the salt of the serving pods' API-key annotation (set once, random):
@@ -17,11 +17,11 @@ see components/serving/credentials.py for why it is a secret of its own."""
 
 
 class StackConfig(_Model):
-    cluster: Cluster
+    cluster: ClusterConfig
     """Cluster-wide choices."""
     nodes: list[Node] = Field(min_length=1)
     """The GPU nodes this stack prepares and labels."""
-    model_storage: ModelStorage
+    model_storage: ModelStorageConfig
     """Where model files live; see the three `type`s below."""
     models: list[Model] = []
     """Models to serve, one vLLM service bundle each."""

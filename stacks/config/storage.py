@@ -72,4 +72,4 @@ class ClassStorage(_StorageBase):
     """Size of the claim in GiB."""
 
 
-ModelStorage = Annotated[LocalStorage | NfsStorage | ClassStorage, Field(discriminator="type")]
+ModelStorageConfig = Annotated[LocalStorage | NfsStorage | ClassStorage, Field(discriminator="type")]
