@@ -15,8 +15,8 @@ from tools.render.cli import main
 from tools.render.files import ManifestDumper, manifests_yaml, node_scripts, resources_json, write
 from tools.render.findings import policy_config, policy_config_json, policy_violations
 from tools.render.mock_engine import run_program
-from tools.render.model import Render, RenderError
 from tools.render.redaction import is_secret, redact
+from tools.render.result import Render, RenderError
 from tools.render.stack_file import ROOT, parsed_config, stack_config
 
 __all__ = [

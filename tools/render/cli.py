@@ -30,7 +30,7 @@ from typing import Any
 
 from tools.render.files import check_replaceable, remove_render, write
 from tools.render.mock_engine import run_program
-from tools.render.model import Render, RenderError
+from tools.render.result import Render, RenderError
 from tools.render.stack_file import ROOT
 
 

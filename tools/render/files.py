@@ -14,8 +14,8 @@ from typing import Any
 import yaml
 
 from tools.render.findings import policy_config_json, policy_lines
-from tools.render.model import Render, RenderError, Resource
 from tools.render.redaction import holds_secret, redact
+from tools.render.result import Render, RenderError, Resource
 
 
 class ManifestDumper(getattr(yaml, "CSafeDumper", yaml.SafeDumper)):  # type: ignore[misc]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tools.render.model import Render
+from tools.render.result import Render
 
 
 def policy_config(render: Render) -> dict[str, dict[str, Any]]:

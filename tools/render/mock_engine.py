@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from tools.render import sdk
-from tools.render.model import Render, RenderError, Resource
+from tools.render.result import Render, RenderError, Resource
 from tools.render.stack_file import ROOT, add_missing_secrets, parsed_config, stack_config
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from tools.render.model import RenderError
+from tools.render.result import RenderError
 
 ROOT = Path(__file__).resolve().parents[2]
 """The project: Pulumi.yaml, the stack files and the program."""
