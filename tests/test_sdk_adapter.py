@@ -48,6 +48,10 @@ def shape_problems() -> list[str]:
 
     check("pulumi.runtime.rpc._special_sig_key is sdk.SIG_KEY", getattr(rpc, "_special_sig_key", None) == sdk.SIG_KEY)
     check("pulumi.runtime.rpc._special_secret_sig is sdk.SECRET_SIG", getattr(rpc, "_special_secret_sig", None) == sdk.SECRET_SIG)
+    # The policy pack (the lowest layer: it imports nothing of ours) keeps its own copy of the marker.
+    from policy import rules
+
+    check("policy.rules' secret marker is the SDK's", (rules._SIG_KEY, rules._SECRET_SIG) == (sdk.SIG_KEY, sdk.SECRET_SIG))
     check("pulumi.runtime.sync_await._sync_await(awaitable)",
           callable(getattr(sync_await, "_sync_await", None)) and params(sync_await._sync_await) == ["awaitable"])
     check("pulumi.runtime.stack.wait_for_rpcs() is a coroutine function",

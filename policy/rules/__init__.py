@@ -32,7 +32,7 @@ ALL_RULES: list[Rule] = [
 ]
 
 
-# Pulumi's wire marker for a secret (pulumi.runtime.rpc), as an in-memory
+# Pulumi's wire marker for a secret (pulumi.runtime.rpc; tests/test_sdk_adapter.py checks it), as an in-memory
 # render may still carry it before redaction.
 _SIG_KEY, _SECRET_SIG = "4dabf18193072939515e22adb298388d", "1b47061264138c4ac30d75fd1eb44270"
 
