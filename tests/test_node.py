@@ -227,6 +227,21 @@ def test_array_health_from_mdadm(rc, state, health):
     assert subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True).stdout.strip() == health
 
 
+# Partitions a refusal may meet: exact sizes of earlier configs, a GB boundary, one byte either side
+# of a MiB-rounded size, an adopted array's odd size, and the smallest.
+@pytest.mark.parametrize("part_bytes", [
+    partition_bytes(2), partition_bytes(2) + 1, partition_bytes(3) - 1, 2 * 10**9, 2 * 10**9 + 1,
+    1_999_999_999, 3_500_000_000, 1, 10**12 + 12345,
+])
+def test_the_size_a_node_refusal_suggests_is_one_the_config_accepts(part_bytes: int) -> None:
+    """The node steps' shrink refusals name the smallest sizeGb that holds the partition, as the config
+    layer computes it: a floor or plain ceiling of GB would suggest a size that is refused again."""
+    script = f"source {shlex.quote(str(SCRIPTS / 'lib.sh'))}; size_gb_for {part_bytes}; echo $SIZE_GB"
+    suggested = int(subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True).stdout)
+    assert suggested == size_gb_for(part_bytes)
+    assert partition_bytes(suggested) >= part_bytes and (suggested == 1 or partition_bytes(suggested - 1) < part_bytes)
+
+
 def test_timeout_change_reruns_only_mount(render):
     before = scripts_with(render)
     assert changed(before, scripts_with(render, deviceTimeoutSeconds=90)) == {"50-mount"}

@@ -220,6 +220,8 @@ def test_grow_keeps_data(vm, node):
     # ...and on the node, before any write, with a message that says what to do.
     proc = run(vm, render_steps(SIZE_A)["10-preflight"]["create"], check=False)
     assert proc.returncode != 0 and "shrinking is not supported" in proc.stderr
+    # The size it suggests is the one the config allows (a floor of GB would suggest a refused one).
+    assert proc.stderr.strip().splitlines()[-1].endswith(f"set storage.sizeGb back to at least {SIZE_B}"), proc.stderr
     node["steps"] = bigger
     assert_os_intact(vm, node)
 

@@ -55,7 +55,10 @@ for disk in "${GS_DISKS[@]}"; do
       done
     fi
     have=$((aend - astart + 1))
-    ((have <= GS_PART_BYTES)) || die "$disk: partition $anum of the adopted $GS_ADOPT is $have bytes, more than storage.sizeGb gives ($GS_PART_BYTES); set storage.sizeGb to at least $(((have + 999999999) / 1000000000)) (XFS cannot shrink)"
+    if ((have > GS_PART_BYTES)); then
+      size_gb_for "$have"
+      die "$disk: partition $anum of the adopted $GS_ADOPT is $have bytes, more than storage.sizeGb gives ($GS_PART_BYTES); set storage.sizeGb to at least $SIZE_GB (XFS cannot shrink)"
+    fi
     uuids+=("$ADOPT_UUID")
     members[-1]=$ADOPT_DEV
     states+=(adopt)
@@ -81,7 +84,8 @@ for disk in "${GS_DISKS[@]}"; do
   if [[ -n $PART_NUM ]]; then
     have=$((PART_END - PART_START + 1))
     if ((have > GS_PART_BYTES)); then
-      die "$disk: partition $PART_NUM ($GS_PART_NAME) is $have bytes but config asks for $GS_PART_BYTES; shrinking is not supported (XFS cannot shrink) — set storage.sizeGb back to at least $((have / 1000000000)) GB"
+      size_gb_for "$have"
+      die "$disk: partition $PART_NUM ($GS_PART_NAME) is $have bytes but config asks for $GS_PART_BYTES; shrinking is not supported (XFS cannot shrink) — set storage.sizeGb back to at least $SIZE_GB"
     fi
     if ((have < GS_PART_BYTES && PART_START + GS_PART_BYTES - 1 > AFTER_END)); then
       die "$disk: cannot grow partition $PART_NUM to $GS_PART_BYTES bytes, only $((AFTER_END - PART_START + 1)) bytes are free from its start to the next partition or the end of the disk; lower storage.sizeGb"

@@ -36,7 +36,8 @@ for disk in "${GS_DISKS[@]}"; do
   [[ -n $PART_NUM ]] || die "$disk has no partition named $GS_PART_NAME; the partition step (20) must run first"
   have=$((PART_END - PART_START + 1))
   if ((have > GS_PART_BYTES)); then
-    die "$disk: partition $PART_NUM is $have bytes, config asks for $GS_PART_BYTES; shrinking is not supported (XFS cannot shrink) — set storage.sizeGb back to at least $((have / 1000000000)) GB"
+    size_gb_for "$have"
+    die "$disk: partition $PART_NUM is $have bytes, config asks for $GS_PART_BYTES; shrinking is not supported (XFS cannot shrink) — set storage.sizeGb back to at least $SIZE_GB"
   fi
   if ((have < GS_PART_BYTES)); then
     end=$((PART_START + GS_PART_BYTES - 1))

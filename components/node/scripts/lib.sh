@@ -145,6 +145,9 @@ scan_disk() {
   local dev=$1 name=$2 out line num start end size fs pname flags free rc=0 err=""
   local -a frees=()
   out=$(LC_ALL=C parted -m -s "$dev" unit B print free 2>&1) || rc=$?
+  # parted opens the disk for writing even to print, and udev re-reads the partition table when it
+  # is closed: let that re-read end here, so no probe after a scan meets a vanished partition node.
+  settle
   SCAN_LABEL=unknown SCAN_BYTES=0 SCAN_LAST_END=-1 TAIL_START=-1 TAIL_END=-1 SCAN_OTHERS=""
   PART_NUM="" PART_START=0 PART_END=0 PART_FLAGS="" PART_COUNT=0 AFTER_END=0
   while IFS= read -r line; do
@@ -193,6 +196,18 @@ scan_disk() {
     die "$dev has grown since its GPT was written: the backup GPT header is not at the end of the disk, so the new space cannot be partitioned yet. Move the backup header with 'sgdisk -e $dev' (it changes nothing else), then run pulumi up again"
   fi
   return 0
+}
+
+# size_gb_for BYTES: SIZE_GB becomes the smallest storage.sizeGb whose partition holds BYTES, as the
+# config computes it (stacks/config/nodes.py size_gb_for: GB rounded down to whole MiB), so a refusal
+# never suggests a size that is itself refused.
+# shellcheck disable=SC2034  # SIZE_GB is read by the steps
+size_gb_for() {
+  SIZE_GB=$((($1 + 999999999) / 1000000000))
+  ((SIZE_GB >= 1)) || SIZE_GB=1
+  while ((SIZE_GB * 1000000000 / MIB * MIB < $1)); do
+    SIZE_GB=$((SIZE_GB + 1))
+  done
 }
 
 # overlaps SPANS START END: true when a "num:start:end:name" of SPANS overlaps bytes START-END;
@@ -264,27 +279,56 @@ wait_part() {
   die "the kernel does not show partition $num of $dev; run 'partprobe $dev' (a reboot helps if a partition of it is busy) and pulumi up again"
 }
 
+# wait_node DEV: true once DEV is a block device (for up to ~5 s, udev settled between looks).
+wait_node() {
+  local _
+  for _ in 1 2 3 4 5 6 7 8 9 10; do
+    [[ ! -b $1 ]] || return 0
+    settle
+    sleep 0.5
+  done
+  return 1
+}
+
+# probe_part PART CMD...: PROBED becomes CMD's output. A partition-table re-read (udev makes one whenever
+# a tool closes the disk after opening it for writing, and anything may do that: another step,
+# an operator's parted, a monitoring agent) removes and re-adds every partition node of the disk, so
+# a probe in that moment fails on a healthy partition with "No such file or directory". Wait for the
+# node and try again; the third failure is CMD's own, with its message on stderr.
+probe_part() {
+  local part=$1 _
+  shift
+  for _ in 1 2; do
+    wait_node "$part" || true
+    if PROBED=$("$@" 2>/dev/null); then return 0; fi
+    settle
+  done
+  wait_node "$part" || true
+  PROBED=$("$@")
+}
+
 # examine PART: what PART holds. SB_KIND: none | ours (an md member named GS_RAID_NAME) | foreign.
 # SB_UUID: the array UUID of our member. SB_DESC: what was found, for messages.
 # shellcheck disable=SC2034  # SB_* are read by the steps
 examine() {
   local part=$1 sigs line md_name="" md_uuid="" md_level=""
   SB_KIND=none SB_UUID="" SB_DESC=""
-  sigs=$(wipefs -n --noheadings --output TYPE -- "$part") || die "wipefs cannot read $part"
-  sigs=${sigs//$'\n'/ }
+  probe_part "$part" wipefs -n --noheadings --output TYPE -- "$part" || die "wipefs cannot read $part"
+  sigs=${PROBED//$'\n'/ }
   [[ -n $sigs ]] || return 0
   SB_DESC=$sigs
   if [[ $sigs != linux_raid_member ]]; then
     SB_KIND=foreign
     return 0
   fi
+  probe_part "$part" mdadm --examine --export "$part" 2>/dev/null || PROBED=""
   while IFS= read -r line; do
     case $line in
       MD_NAME=*) md_name=${line#MD_NAME=} ;;
       MD_UUID=*) md_uuid=${line#MD_UUID=} ;;
       MD_LEVEL=*) md_level=${line#MD_LEVEL=} ;;
     esac
-  done < <(mdadm --examine --export "$part" 2>/dev/null || true)
+  done <<<"$PROBED"
   SB_DESC="md member of array '$md_name' ($md_level, UUID $md_uuid)"
   conf_uuid
   # Ours: built by us (named GS_RAID_NAME), or adopted (mdadm.conf lists it as /dev/md/GS_RAID_NAME).
