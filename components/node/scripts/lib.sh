@@ -73,6 +73,19 @@ resolve_disk() {
     [[ -e $holder ]] && holders+=" ${holder##*/}"
   done
   [[ -z $holders ]] || die "$path ($DISK_DEV) is in use by${holders} (multipath, LVM, a whole-disk RAID or dm-crypt); not touching it. See 'lsblk $DISK_DEV' and list a disk nothing holds"
+  hold_disk
+}
+
+# hold_disk: a shared BSD lock on DISK_DEV until the step exits (systemd's block device locking).
+# When any tool closes a disk it opened for writing (our own parted in the partition step, an
+# operator's), udev re-reads its partition table, and the re-read removes and re-adds every partition
+# node of the disk: a probe or an mdadm in that moment finds no partition. udev does not re-read a
+# disk someone holds a lock on, and a re-read already running ends before the lock is granted, so the
+# partitions stay put while the step works (until the array is assembled, when they are busy anyway).
+hold_disk() {
+  local fd
+  exec {fd}<"$DISK_DEV"
+  flock -s -w 60 "$fd" || die "$DISK_DEV has been locked for writing by another program for 60 s (a partitioning tool: see 'fuser -v $DISK_DEV'); wait for it to finish and run pulumi up again"
 }
 
 # node_lock STEP: one step at a time per machine (a second pulumi up, or two nodes[] entries naming
@@ -145,9 +158,6 @@ scan_disk() {
   local dev=$1 name=$2 out line num start end size fs pname flags free rc=0 err=""
   local -a frees=()
   out=$(LC_ALL=C parted -m -s "$dev" unit B print free 2>&1) || rc=$?
-  # parted opens the disk for writing even to print, and udev re-reads the partition table when it
-  # is closed: let that re-read end here, so no probe after a scan meets a vanished partition node.
-  settle
   SCAN_LABEL=unknown SCAN_BYTES=0 SCAN_LAST_END=-1 TAIL_START=-1 TAIL_END=-1 SCAN_OTHERS=""
   PART_NUM="" PART_START=0 PART_END=0 PART_FLAGS="" PART_COUNT=0 AFTER_END=0
   while IFS= read -r line; do
@@ -290,11 +300,11 @@ wait_node() {
   return 1
 }
 
-# probe_part PART CMD...: PROBED becomes CMD's output. A partition-table re-read (udev makes one whenever
-# a tool closes the disk after opening it for writing, and anything may do that: another step,
-# an operator's parted, a monitoring agent) removes and re-adds every partition node of the disk, so
-# a probe in that moment fails on a healthy partition with "No such file or directory". Wait for the
-# node and try again; the third failure is CMD's own, with its message on stderr.
+# probe_part PART CMD...: PROBED becomes CMD's output. hold_disk keeps udev from re-reading the
+# partition table under a probe; a re-read it cannot stop (`blockdev --rereadpt` or a udev that takes
+# no lock) still removes and re-adds the partition nodes, and a probe in that moment fails on a healthy
+# partition with "No such file or directory". So wait for the node and try again; the third failure
+# is CMD's own, with its message on stderr.
 probe_part() {
   local part=$1 _
   shift
