@@ -70,7 +70,19 @@ class StackConfig(_Model):
             f"at {node.storage.mountpoint} but nothing uses that array ({why}); set `storage.disks: []` to skip its disk steps"
             for i, node in enumerate(self.nodes)
             if node.storage is not None and node.prepares_disks and node.name != home
-        ]
+        ] + self._monitoring_warnings()
+
+    def _monitoring_warnings(self) -> list[str]:
+        """PodMonitors and PrometheusRules with no labels: a kube-prometheus-stack installed with its
+        defaults selects them by `release: <its Helm release>` only, so they would exist and nothing
+        would read them (no scrape, so no autoscaling on the queue, and no alert)."""
+        monitoring = self.cluster.monitoring
+        kinds = [kind for kind, on in (("PodMonitors", monitoring.pod_monitor), ("PrometheusRules", monitoring.alerts)) if on]
+        if not self.models or not kinds or monitoring.labels:
+            return []
+        return [f"cluster.monitoring.labels is empty: a kube-prometheus-stack installed with its defaults selects "
+                f"{' and '.join(kinds)} by `release: <its Helm release name>` and would read none of the models'; set "
+                f"e.g. `release: kube-prometheus-stack` (your release's name), or turn `podMonitor`/`alerts` off"]
 
     def node(self, name: str) -> Node | None:
         return next((n for n in self.nodes if n.name == name), None)
