@@ -16,11 +16,13 @@ PYTHON_MIN := 3.11
 CHECKOV_VENV := .venv-checkov
 CHECKOV := $(CHECKOV_VENV)/bin/checkov
 
-.PHONY: help venv python-version render test checkers test-vm lint policy-check diff checkov lab-vm lab-vm-stop bench bench-vm bench-engine engine e2e cluster cluster-stop clean
+.PHONY: help venv python-version render test docs docs-site checkers test-vm lint policy-check diff checkov lab-vm lab-vm-stop bench bench-vm bench-engine engine e2e cluster cluster-stop clean
 
 help:
 	@echo "make render [STACK=prod]   render the stack offline into rendered/<stack>/ (DEPLOYED=outputs.json: against a deployed stack)"
 	@echo "make test                  run the test suite, checkov included (creates ./venv and .venv-checkov on first use)"
+	@echo "make docs                  regenerate the generated pages: docs/configuration.md, the rules of docs/policy.md"
+	@echo "make docs-site             build the documentation site into site/ (mkdocs, strict: a broken link fails)"
 	@echo "make test-vm               run the node scripts on a throwaway qemu VM (slow)"
 	@echo "make checkers              build promtool and fetch the CRD schemas the tests check against (cached; make test runs it)"
 	@echo "make lint                  ruff, shellcheck, yamllint"
@@ -37,7 +39,7 @@ help:
 	@echo "make bench-engine          real-engine benchmark against a bare program: prod, and fleets up to 32 nodes x 100 models (make bench includes it; BENCH_ARGS=--quick: a fast check)"
 	@echo "make venv                  create ./venv with everything (make render alone installs only the runtime)"
 	@echo "make python-version        check that PYTHON (python3) is new enough"
-	@echo "make clean                 remove rendered/, bench-out/ and test caches"
+	@echo "make clean                 remove rendered/, bench-out/, site/ and test caches"
 
 venv: $(STAMP)
 
@@ -69,13 +71,20 @@ $(STAMP): requirements.txt requirements-dev.txt | $(UV)
 	touch $(RUNTIME_STAMP) $@
 
 # Not echoed: a config error is then the render's one line, followed only by make's own
-# "make: *** [...render] Error 1" (make exits 2); README "Quick start" says so.
+# "make: *** [...render] Error 1" (make exits 2); docs/rendering.md says so.
 render: $(RENDER_STAMP)
 	@$(PY) -m tools.render $(STACK) $(if $(DEPLOYED),--deployed $(DEPLOYED))
 
 # One pytest worker per core (pytest-xdist): the suite is CPU-bound renders under the mock engine.
 test: $(STAMP) $(CHECKOV) checkers
 	$(PY) -m pytest -q -n auto
+
+# The generated pages (tools/docs.py lists them); tests/test_docs.py fails when one is stale.
+docs: $(STAMP)
+	$(PY) -m tools.docs
+
+docs-site: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
 
 # promtool and the CRD schemas the serving tests check against (testbed/checkers, cached): promtool
 # from Debian's package (PROMTOOL=module: built from the pinned Prometheus 3 module), the CRDs from
@@ -148,4 +157,4 @@ bench-engine: $(STAMP) engine
 	$(PY) -m testbed.bench_engine $(BENCH_ARGS)
 
 clean:
-	rm -rf rendered bench-out .pytest_cache
+	rm -rf rendered bench-out site .pytest_cache

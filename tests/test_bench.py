@@ -72,5 +72,5 @@ def test_benchmarks_write_to_an_untracked_folder_unless_asked() -> None:
     for module in ("testbed.bench", "testbed.bench_node", "testbed.bench_engine"):
         usage = subprocess.run([sys.executable, "-m", module, "--help"], cwd=ROOT, capture_output=True, text=True, timeout=60)
         assert "--update-docs" in usage.stdout, module
-    readme = (ROOT / "README.md").read_text()
-    assert "make bench BENCH_ARGS=--update-docs" in readme and "make bench BENCH_ARGS=--quick" in readme
+    contributing = (ROOT / "docs/contributing.md").read_text()
+    assert "make bench BENCH_ARGS=--update-docs" in contributing and "make bench BENCH_ARGS=--quick" in contributing

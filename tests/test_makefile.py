@@ -83,7 +83,7 @@ def test_an_old_python_gets_one_line_and_no_pip(tmp_path: Path) -> None:
 
 
 def test_make_render_with_a_bad_config_is_the_one_line_and_make_exit_2(tmp_path: Path) -> None:
-    """README "Quick start": the render's line, make's own trailer, exit 2; nothing on stdout."""
+    """docs/rendering.md: the render's line, make's own trailer, exit 2; nothing on stdout."""
     clone = tmp_path / "repo"
     subprocess.run(["git", "clone", "--quiet", str(ROOT), str(clone)], check=True)
     for requirements in ("requirements.txt", "requirements-dev.txt"):
@@ -95,5 +95,5 @@ def test_make_render_with_a_bad_config_is_the_one_line_and_make_exit_2(tmp_path:
     line, trailer = result.stderr.splitlines()
     assert line == "render bad: config error: nodes[0].storage.sizeGb: Input should be greater than or equal to 1 (got -5)"
     assert re.fullmatch(r"make: \*\*\* \[Makefile:\d+: render\] Error 1", trailer), trailer
-    readme = (ROOT / "README.md").read_text()
-    assert "make's own `make: *** [Makefile:NN: render] Error 1` after it, and exits 2" in readme
+    page = " ".join((ROOT / "docs/rendering.md").read_text().split())
+    assert "make's own `make: *** [Makefile:NN: render] Error 1` after it, and exits 2" in page

@@ -46,8 +46,9 @@ def test_the_file_fits_the_pack_schema(prod, tmp_path: Path) -> None:  # type: i
 
 
 def test_every_documented_preview_passes_the_file() -> None:
-    readme = (ROOT / "README.md").read_text()
-    previews = [line for line in readme.splitlines() if "pulumi preview --policy-pack policy" in line]
+    from testbed.e2e.runbook import documents
+
+    previews = [line for path in documents() for line in path.read_text().splitlines() if "pulumi preview --policy-pack policy" in line]
     assert previews
     assert all("--policy-pack-config rendered/" in line for line in previews), previews
     for name in ("preview.yml", "deploy.yml"):

@@ -1,13 +1,14 @@
-"""README.md as an operator reads it: every shell command in its fenced blocks (and in docs/testbed.md,
-where the test bed's detail moved) is run by a test, by `make e2e`, or listed below with the reason no
-test here can run it, so none goes stale unseen; a new command that is none of these fails. Its table
-of contents and links lead somewhere."""
+"""The README and the pages of docs/ as an operator reads them: every shell command in their fenced blocks
+is run by a test, by `make e2e`, or listed below with the reason no test here can run it, so none goes
+stale unseen; a new command that is none of these fails. Their links lead somewhere. The README is a front
+door: short, narrow, and its stack file renders."""
 
 from __future__ import annotations
 
 import os
 import re
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,7 +20,13 @@ from tests.test_runbook import E2E_BLOCKS
 from tools.render import ROOT
 
 FENCE = re.compile(r"^(?P<indent>[ \t]*)```(?P<lang>[^\n`]*)\n(?P<body>.*?)^(?P=indent)```[ \t]*$", re.M | re.S)
-DOCUMENTS = ("README.md", "docs/testbed.md")
+# Pages whose commands this module does not check, and why (every other page of docs/ is checked).
+COMMANDS_NOT_CHECKED = {
+    "docs/failure-modes.md": "its one block wipes a node's model storage by hand, as root: destructive by design, never run "
+                             "by a test (the VM tests run the delete scripts, which keep it)",
+}
+DOCUMENTS = tuple(p.relative_to(ROOT).as_posix() for p in runbook.documents()
+                  if p.relative_to(ROOT).as_posix() not in COMMANDS_NOT_CHECKED)
 SHELL = {"bash", "sh", "shell"}
 NOT_SHELL = {"text", "yaml", "json"}
 
@@ -45,7 +52,7 @@ RUN_ELSEWHERE = {
     "pulumi preview --policy-pack policy --policy-pack-config rendered/prod/policy-config.json":
         ("testbed/e2e/engine_checks.py", '"preview", "--policy-pack", "policy", "--policy-pack-config"'),
     "make test": (".ci/run", "stage test make test"),  # the suite itself: CI's `test` stage
-    # README "GPU sharing": the example stack, rendered by the CLI (into a temporary folder there).
+    # docs/few-gpus.md "GPU sharing": the example stack, rendered by the CLI (into a temporary folder there).
     "venv/bin/python -m tools.render sharing --stack-file docs/examples/Pulumi.sharing.yaml":
         ("tests/test_sharing.py", '"tools.render", "sharing", "--stack-file", "docs/examples/Pulumi.sharing.yaml"'),
     # docs/testbed.md: e2e drives the loopback cluster through the script `make cluster` runs.
@@ -54,7 +61,7 @@ RUN_ELSEWHERE = {
     "make cluster-stop": ("testbed/e2e/__main__.py", 'run.cluster_sh("stop"'),
 }
 
-# Commands no test can run here, and why. Keep the reason true; a command leaving the README must
+# Commands no test can run here, and why. Keep the reason true; a command leaving the docs must
 # leave this list too (checked below).
 NEEDS_A_REAL_SETUP = {
     "export PULUMI_CONFIG_PASSPHRASE=...":
@@ -91,6 +98,10 @@ class Block:
 
 def readme() -> str:
     return (ROOT / "README.md").read_text()
+
+
+def all_documents() -> str:
+    return "\n".join((ROOT / name).read_text() for name in DOCUMENTS)
 
 
 def fenced_blocks(text: str) -> list[Block]:
@@ -173,11 +184,11 @@ def test_the_commands_run_here_work_as_printed(tmp_path: Path) -> None:
         os.utime(clone / requirements, (0, 0))
     env = {k: v for k, v in os.environ.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")}
     for command in RUN_HERE:
-        assert command in readme(), command
+        assert command in all_documents(), command
         result = subprocess.run(f"{command} VENV={ROOT / 'venv'}", shell=True, cwd=clone, env=env, capture_output=True,
                                 text=True, timeout=600)
         assert result.returncode == 0, f"{command}: {result.stderr[-2000:]}"
-    # What "Quick start" says the render writes.
+    # What the README's "Quick start" says the render writes.
     for name in ("manifests.yaml", "resources.json", "outputs.json", "policy.txt", "policy-config.json"):
         assert (clone / "rendered/prod" / name).is_file(), name
     assert list((clone / "rendered/prod/nodes/k8s-worker-02").glob("*-preflight.sh"))
@@ -194,7 +205,7 @@ def anchors(path: Path) -> set[str]:
 
 def test_every_link_to_a_section_leads_to_one() -> None:
     broken = []
-    for source in (ROOT / "README.md", ROOT / "docs/testbed.md"):
+    for source in runbook.documents():
         for target, anchor in re.findall(r"\]\(([^)#\s]*)#([^)\s]+)\)", source.read_text()):
             page = (source.parent / target).resolve() if target else source
             if anchor not in anchors(page):
@@ -205,10 +216,63 @@ def test_every_link_to_a_section_leads_to_one() -> None:
 def test_the_contents_follow_the_order_an_operator_reads_in() -> None:
     text = readme()
     sections = re.findall(r"^## (.+)$", text, re.M)
-    assert sections == ["Quick start", "Deploying for real", "What each part does", "Runbook", "Reference"]
-    contents = text[text.index("**Contents**"):text.index("## Quick start")]
-    assert [slug(s) for s in sections] == [a for a in re.findall(r"^\d+\. \[[^]]+\]\(#([^)]+)\)", contents, re.M)]
+    assert sections == ["Who it is for", "Quick start", "Your own stack", "What `pulumi up` then does", "Documentation",
+                        "Contributing"]
+    # The Documentation table leads to every page of the site, and the site lists every page of docs/.
+    table = text[text.index("## Documentation"):text.index("## Contributing")]
+    linked = set(re.findall(r"^\| \[[^]]+\]\(docs/([^)#]+)\)", table, re.M))
+    nav = set(re.findall(r":\s+([\w.-]+\.md)\s*$", (ROOT / "mkdocs.yml").read_text(), re.M)) - {"index.md"}
+    assert nav == {p.name for p in (ROOT / "docs").glob("*.md")}, "mkdocs.yml's nav and docs/ differ"
+    pages_for_operators = nav - {p for p in nav if p.startswith("benchmarks-")} - {"real-node-plan.md"}
+    assert linked == pages_for_operators, sorted(linked ^ pages_for_operators)
     # One step list for a new cluster, and it turns the device plugin on.
-    assert [h for h in re.findall(r"^#+ (.+)$", text, re.M) if "step by step" in h.lower()] == ["Step by step"]
-    steps = text[text.index("### Step by step"):text.index("### GitOps")]
+    deploying = (ROOT / "docs/deploying.md").read_text()
+    steps_headings = [h for name in DOCUMENTS for h in re.findall(r"^#+ (.+)$", (ROOT / name).read_text(), re.M)
+                      if "step by step" in h.lower()]
+    assert steps_headings == ["Step by step"]
+    steps = deploying[deploying.index("## Step by step"):deploying.index("## GitOps")]
     assert "`cluster.devicePlugin.enabled: true`" in steps and "`containerRuntime: none`" in steps
+
+
+def test_the_readme_is_a_front_door() -> None:
+    """Issue 39: short, no line wider than 160 characters outside tables, no word of the test bed's tuning,
+    no jargon a reader cannot know."""
+    lines = readme().splitlines()
+    assert len(lines) <= 300, len(lines)
+    wide = [n for n, line in enumerate(lines, 1) if len(line) > 160 and not line.startswith("|")]
+    assert not wide, f"README lines over 160 characters: {wide}"
+    text = readme().lower()
+    for word in ("autogroup", "gcflags", "ci minutes", "the seed", "seed's", "the anchors"):
+        assert word not in text, word
+    # The diagram: bare disks → array → volume → model → endpoint, in one text block.
+    diagram = next(b.body for b in fenced_blocks(readme()) if b.lang == "text")
+    positions = [diagram.index(word) for word in ("bare disks", "RAID1 array", "model volume", "model:", "endpoint")]
+    assert positions == sorted(positions)
+
+
+def test_no_page_names_a_path_of_the_machine_it_was_written_on() -> None:
+    """The worktrees live under /work/ here; a reader's clone is anywhere else."""
+    for path in [*runbook.documents(), ROOT / "mkdocs.yml"]:
+        found = re.findall(r"(?<![\w.])/work/[\w.+/-]*", path.read_text())
+        assert not found, (path.name, found)
+
+
+def readme_stack() -> str:
+    section = readme()[readme().index("## Your own stack"):readme().index("## What `pulumi up` then does")]
+    (block,) = [b for b in fenced_blocks(section) if b.lang == "yaml"]
+    return block.body
+
+
+def test_the_readme_stack_file_renders_as_it_says(tmp_path: Path) -> None:
+    """Copied as it is: it renders, the policy pack finds nothing, and it needs the secrets the README names."""
+    stack_file = tmp_path / "Pulumi.mine.yaml"
+    stack_file.write_text(readme_stack())
+    result = subprocess.run([sys.executable, "-m", "tools.render", "mine", "--stack-file", str(stack_file),
+                             "--out", str(tmp_path / "out")], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "out/policy.txt").read_text() == ""
+    assert "warning" not in result.stderr, result.stderr
+    needs = re.search(r"^needs: (.+?) \(", result.stdout + result.stderr, re.M)
+    assert needs, result.stdout + result.stderr
+    assert "(here `" + "`, `".join(needs.group(1).split(", ")) + "`)" in " ".join(readme().split())
+    assert list((tmp_path / "out/nodes/gpu-01").glob("*-preflight.sh"))

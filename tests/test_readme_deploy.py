@@ -1,4 +1,4 @@
-"""README "Deploying for real" as a new operator follows it: commands in an order that works, and the
+"""docs/deploying.md as a new operator follows it: commands in an order that works, and the
 kubeconfig step producing the context the stack names."""
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from tools.render import ROOT
 
 def deploy_block() -> list[str]:
     """The commands of "Step by step" in order: every `bash` block of its list, the e2e check block aside."""
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("### Step by step"):readme.index("#### With NVIDIA's GPU Operator")]
+    page = (ROOT / "docs/deploying.md").read_text()
+    section = page[page.index("## Step by step"):page.index("### With NVIDIA's GPU Operator")]
     blocks = [match.group(2) for match in re.finditer(r"^([ \t]*)```bash\n(.*?)^\1```", section, re.S | re.M)
               if "<!-- e2e:" not in section[:match.start()].rstrip().splitlines()[-1]]
     assert len(blocks) >= 4
@@ -54,7 +54,7 @@ def test_every_step_comes_after_what_it_needs() -> None:
 def test_the_kubeconfig_step_names_the_context_as_the_stack_does(tmp_path: Path) -> None:
     kubectl = shutil.which("kubectl")
     if kubectl is None:
-        pytest.fail("kubectl is needed to run the README's kubeconfig step")
+        pytest.fail("kubectl is needed to run the kubeconfig step of docs/deploying.md")
     home = tmp_path / "home"
     (home / ".kube").mkdir(parents=True)
     # A user's own config: two clusters, context names of their own choosing, the GPU one current.

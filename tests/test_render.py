@@ -162,7 +162,7 @@ def test_every_stack_renders_without_a_mandatory_policy_violation(stack: str, tm
 
 
 def test_the_few_gpus_example_puts_three_models_on_two_cards(tmp_path: Path) -> None:
-    """README "Many models on few GPUs": one card time-sliced between a model always up and one held at zero,
+    """docs/few-gpus.md "Many models on few GPUs": one card time-sliced between a model always up and one held at zero,
     the other card whole for a base model with two adapters; every check and rule passes."""
     result = render_cli("fewgpus", "--out", str(tmp_path))
     assert result.returncode == 0, result.stderr

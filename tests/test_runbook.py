@@ -1,5 +1,5 @@
-"""The README's runbook blocks are what `make e2e` runs (testbed/e2e/runbook.py), and they work as
-printed: every block e2e runs is there, a curl of a keyed model's /v1 sends the key, and every
+"""The runbook's blocks (docs/operating.md, and the check of docs/deploying.md) are what `make e2e` runs
+(testbed/e2e/runbook.py), and they work as printed: every block e2e runs is there, a curl of a keyed model's /v1 sends the key, and every
 `pulumi stack output NAME` names an output the stack has."""
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ from tools.render import ROOT, Render
 E2E_BLOCKS = set(re.findall(r'(?:run_block|change_model)\("([a-z0-9-]+)"', (ROOT / "testbed/e2e/day_two.py").read_text()))
 
 
-def test_every_block_e2e_runs_is_marked_in_the_readme() -> None:
+def test_every_block_e2e_runs_is_marked_in_the_docs() -> None:
     assert {"check", "grow", "rotate-api-key", "rotate-hf-token", "add-model", "remove-model", "refresh-drift", "drain-node", "add-node",
                           "change-revision", "upgrade-image",
                           "destroy-and-re-up", "replace-disk", "adopt-ansible"} <= E2E_BLOCKS
     blocks = runbook.blocks()
-    assert set(blocks) >= E2E_BLOCKS, f"README lacks the blocks {sorted(E2E_BLOCKS - set(blocks))}"
+    assert set(blocks) >= E2E_BLOCKS, f"the docs lack the blocks {sorted(E2E_BLOCKS - set(blocks))}"
     assert all(blocks[name] for name in E2E_BLOCKS), "an empty block"
 
 
@@ -46,27 +46,27 @@ def test_prod_names_become_the_e2e_stack_names() -> None:
 
 
 def test_a_curl_of_a_keyed_model_sends_its_key(prod: Render) -> None:
-    """vLLM with --api-key answers /v1 with 401 without it: the README's curl lines must send it."""
-    readme = (ROOT / "README.md").read_text()
-    curls = [line for line in readme.splitlines() if re.search(r"\bcurl\b.*(localhost:8000|ai\.primer\.rs)/v1/", line)
+    """vLLM with --api-key answers /v1 with 401 without it: the docs' curl lines must send it."""
+    text = "\n".join(path.read_text() for path in runbook.documents())
+    curls = [line for line in text.splitlines() if re.search(r"\bcurl\b.*(localhost:8000|ai\.primer\.rs)/v1/", line)
              and not line.lstrip().startswith("|")]
     assert curls
     for line in curls:
-        assert "Authorization: Bearer" in line, f"README curl without the API key: {line.strip()}"
+        assert "Authorization: Bearer" in line, f"a curl without the API key: {line.strip()}"
         assert "pulumi config get vllmApiKey |" in line, f"the key should come through stdin, not the command line: {line.strip()}"
 
 
-def test_every_stack_output_the_readme_names_exists(prod: Render) -> None:
-    readme = (ROOT / "README.md").read_text()
-    named = set(re.findall(r"pulumi stack output (?:--json )?([A-Za-z][A-Za-z0-9]*)", readme))
+def test_every_stack_output_the_docs_name_exists(prod: Render) -> None:
+    text = "\n".join(path.read_text() for path in runbook.documents())
+    named = set(re.findall(r"pulumi stack output (?:--json )?([A-Za-z][A-Za-z0-9]*)", text))
     assert {"nodes", "models"} <= named
-    assert named <= set(prod.outputs), f"README names outputs the stack does not have: {sorted(named - set(prod.outputs))}"
+    assert named <= set(prod.outputs), f"the docs name outputs the stack does not have: {sorted(named - set(prod.outputs))}"
 
 
 def test_kubectl_column_paths_keep_their_escaped_dots_through_the_shell() -> None:
     """`nvidia\\.com/gpu` is one key to kubectl only if the backslash reaches it: unquoted, the
     shell drops it and the column reads the path nvidia → com/gpu, `<none>` on every node."""
-    texts = [(ROOT / name).read_text() for name in ("README.md", "docs/failure-modes.md")]
+    texts = [path.read_text() for path in runbook.documents()]
     commands = [c for text in texts for c in re.findall(r"kubectl [^`\n]*\\\.[^`\n]*", text)]
     assert commands
     for command in commands:

@@ -75,13 +75,15 @@ def test_older_image_still_gets_prestop_and_grace(render) -> None:  # type: igno
 
 def test_docs_say_which_edge_bounds_a_stream() -> None:
     # Issue 24 item 6: proxy-read-timeout is an idle timeout; only the Gateway's timeouts.request
-    # bounds a stream. The README must not claim a bound ingress-nginx does not give, and the gap
+    # bounds a stream. The docs must not claim a bound ingress-nginx does not give, and the gap
     # is listed with what bounds it instead (the drain).
+    from testbed.e2e.runbook import documents
     from tools.render import ROOT
 
-    readme = (ROOT / "README.md").read_text()
-    assert "the edge's stream timeout" not in readme
-    assert "`proxy-read-timeout` is an *idle* timeout" in readme and "`timeouts.request` (600 s) ends" in readme
+    text = "\n".join(path.read_text() for path in documents())
+    page = (ROOT / "docs/models.md").read_text()
+    assert "the edge's stream timeout" not in text
+    assert "`proxy-read-timeout` is an *idle* timeout" in page and "`timeouts.request` (600 s) ends" in page
     (gap,) = [line for line in (ROOT / "docs/failure-modes.md").read_text().splitlines()
               if line.startswith("| a stream runs longer than 600 s behind ingress-nginx")]
     assert "idle timeout" in gap and "--shutdown-timeout=600" in gap and "timeouts.request" in gap

@@ -396,7 +396,7 @@ def test_preview_warns_when_nothing_would_read_the_sharing_configs() -> None:
 
 
 def test_the_example_renders_from_the_command_line(tmp_path: Path) -> None:
-    """As README "GPU sharing" prints it (into a temporary folder instead of rendered/sharing/)."""
+    """As docs/few-gpus.md "GPU sharing" prints it (into a temporary folder instead of rendered/sharing/)."""
     command = [sys.executable, "-m", "tools.render", "sharing", "--stack-file", "docs/examples/Pulumi.sharing.yaml"]
     result = subprocess.run([*command, "--out", str(tmp_path / "out")], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr

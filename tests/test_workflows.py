@@ -1,4 +1,4 @@
-"""GitHub workflows: valid for actionlint and yamllint, and they do what the README promises."""
+"""GitHub workflows: valid for actionlint and yamllint, and they do what docs/pull-requests.md promises."""
 
 from __future__ import annotations
 
@@ -117,6 +117,6 @@ def test_cluster_workflows_run_self_hosted_against_the_shared_backend() -> None:
     assert load("preview.yml")["jobs"]["preview"]["if"] == "github.event.pull_request.head.repo.full_name == github.repository"
     # CI needs no cluster: it stays on hosted runners.
     assert load("ci.yml")["jobs"]["test"]["runs-on"] == "ubuntu-latest"
-    readme = (ROOT / "README.md").read_text()
+    page = (ROOT / "docs/pull-requests.md").read_text()
     for needle in ("self-hosted runner", "PULUMI_BACKEND_ACCESS_KEY_ID", "s3://", "file://"):
-        assert needle in readme, needle
+        assert needle in page, needle

@@ -1,4 +1,4 @@
-"""Day two on the loopback cluster: the README's runbook operations, run as the README prints them
+"""Day two on the loopback cluster: the runbook's operations (docs/operating.md), run as the docs print them
 (testbed/e2e/runbook.py), each checked for what the runbook promises. They share the cluster stack
 that `up-cluster` made, one after the other, so the whole set costs a few `pulumi up`s."""
 
@@ -35,7 +35,7 @@ GROW_FILE = "/mnt/models/e2e-day-two.bin"
 DISK_B = "gs-disk-b"  # the member replace-disk fails
 # The adopt stack's array: the role's mountpoint, a name of its own beside the cluster stack's `models`.
 ADOPT_MOUNT, ADOPT_RAID = "/mnt/ollama-models", "role"
-# The prod names in the README's commands → the cluster stack's.
+# The prod names in the runbook's commands → the cluster stack's.
 README_NAMES = {"k8s-worker-02": "lab-node", "ai-models": f"{NAMESPACE}-models", "vllm-qwen3-secrets": f"{DEPLOYMENT}-secrets",
                 "vllm-qwen3": DEPLOYMENT, "ai": NAMESPACE}
 NEW_REVISION = "5f5e2b1c0d9a8b7c6d5e4f3a2b1c0d9e8f7a6b5c"  # any commit id: kwok's Job pods download nothing
@@ -91,10 +91,10 @@ class DayTwoEndToEnd(ClusterEndToEnd):
         self.readme = runbook.blocks()
         self.pv_uid = self.claim_uid = self.grow_sum = ""
 
-    # ---- running the README ----------------------------------------------------------------
+    # ---- running the runbook ---------------------------------------------------------------
 
     def shell(self, command: str, *, events: Path | None = None, check: bool = True) -> Any:
-        """One README command in the project copy, as the operator's shell runs it after `pulumi stack select`."""
+        """One runbook command in the project copy, as the operator's shell runs it after `pulumi stack select`."""
         env = {"PULUMI_SKIP_CONFIRMATIONS": "true"}
         if self.cluster_env:  # adopt-ansible needs no cluster
             env.update(KUBECONFIG=self.cluster_env["KUBECONFIG"], PATH=f"{self.cluster_env['GS_CLUSTER_BIN']}:{self.env['PATH']}")
@@ -109,7 +109,7 @@ class DayTwoEndToEnd(ClusterEndToEnd):
         """The block's commands (a slice of them) with the e2e names, `stack` selected first (None: commands
         that need none)."""
         block = self.readme.get(name)
-        require(block is not None, f"README has no block marked `<!-- e2e: {name} -->`")
+        require(block is not None, f"the docs have no block marked `<!-- e2e: {name} -->`")
         if stack is not None:
             self.pulumi("stack", "select", stack)
         ran = []
@@ -121,7 +121,7 @@ class DayTwoEndToEnd(ClusterEndToEnd):
         return ran
 
     def node_names(self) -> dict[str, str]:
-        """`ssh root@k8s-worker-02` of a README command → the lab VM's ssh command (its key and port)."""
+        """`ssh root@k8s-worker-02` of a runbook command → the lab VM's ssh command (its key and port)."""
         return {"ssh root@k8s-worker-02": shlex.join(self.vm.ssh_argv())}
 
     # ---- cluster state ----------------------------------------------------------------------
@@ -152,7 +152,7 @@ class DayTwoEndToEnd(ClusterEndToEnd):
 
     def runbook_check(self) -> str:
         # kwok runs no container: the port-forward is dropped, and a stand-in on loopback answers as
-        # vLLM with `--api-key` does (401 without the key). The README's URLs point at it.
+        # vLLM with `--api-key` does (401 without the key). The runbook's URLs point at it.
         _ModelsStub.key = self.canaries["vllmApiKey"]
         server = ThreadingHTTPServer(("127.0.0.1", 0), _ModelsStub)
         threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -176,7 +176,7 @@ class DayTwoEndToEnd(ClusterEndToEnd):
                 "both curl lines answered with the key from the stack (without it: 401), model URLs in the output")
 
     def grow_cluster(self) -> str:
-        # md refuses a size change while the lab stack's grow still resyncs (README: watch /proc/mdstat first).
+        # md refuses a size change while the lab stack's grow still resyncs (the runbook: watch /proc/mdstat first).
         self.vm.ssh("mdadm --wait /dev/md/models", check=False)
         before_sum = self.vm_sh(f"head -c 16M /dev/urandom > {GROW_FILE} && sync && sha256sum {GROW_FILE} | cut -d' ' -f1")
         before_size = int(self.vm_sh("df -B1 --output=size /mnt/models | tail -1"))
@@ -470,7 +470,7 @@ class DayTwoEndToEnd(ClusterEndToEnd):
                 f"with a working runtime {second}'s began (event {start}) after {first}'s ended ({done})")
 
     def change_model(self, block: str, key: str, value: str) -> str:
-        """The README's change of a model's revision or image: the download Job for it is done before
+        """The runbook's change of a model's revision or image: the download Job for it is done before
         the Deployment's template changes, the rollout needs no spare GPU, the smoke test runs again."""
         pods_before = set(self.pods())
         smoke_before = {j["metadata"]["uid"] for name, j in self.jobs().items() if "-smoke-" in name}
@@ -505,7 +505,7 @@ class DayTwoEndToEnd(ClusterEndToEnd):
         return self.change_model("upgrade-image", "image", NEW_IMAGE)
 
     def destroy_cluster_stack(self) -> None:
-        # The README's destroy line ("What deletion keeps"), before the claims of destroy-retains-pv.
+        # The destroy line of docs/nodes.md ("What deletion keeps"), before the claims of destroy-retains-pv.
         self.pv_uid = self.get("pv", f"{NAMESPACE}-models")["metadata"]["uid"]
         self.claim_uid = self.get("pvc", "models", "-n", NAMESPACE)["metadata"]["uid"]
         self.run_block("destroy-and-re-up", commands=slice(0, 1))
@@ -527,7 +527,7 @@ class DayTwoEndToEnd(ClusterEndToEnd):
         return f"up after destroy took over the kept PV and claim (same UIDs, Bound), {len(pods)} pod(s) Ready, file checksum kept"
 
     def adopt_ansible(self) -> str:
-        """README "Migrating from the Ansible role" on the lab VM, through the engine: a stack of its own
+        """The runbook's "Migrating from the Ansible role" on the lab VM, through the engine: a stack of its own
         (`adopt`: the lab's config, its Kubernetes side written as YAML) whose node is the lab VM with
         the role's array, beside the cluster stack's array."""
         from testbed.vm import ROLE_MD, ansible_role_layout
@@ -542,7 +542,7 @@ class DayTwoEndToEnd(ClusterEndToEnd):
         require("xfs" in lsblk and role["fs_uuid"] in lsblk, f"lsblk -f shows no XFS on md1: {lsblk}")
         part = re.search(r"^ *5 +([0-9]+)B +([0-9]+)B +([0-9]+)B", table, re.M)
         require(part is not None, f"parted lists no partition 5: {table}")
-        # Step 2: sizeGb at least the partition's size in GB, rounded up (as the README says to read it).
+        # Step 2: sizeGb at least the partition's size in GB, rounded up (as the runbook says to read it).
         size_gb = size_gb_for(int(part[3]))
         raw = rendering(stack_raw("lab"), self.tmp / "yaml-adopt")
         raw["cluster"]["namespace"] = "ai-adopt"
