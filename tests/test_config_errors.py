@@ -269,7 +269,7 @@ def test_a_long_key_is_shortened_and_the_reason_kept(key: str) -> None:
     assert len(message) <= 300 and "\n" not in message, message
     assert message.startswith('cluster."' + key[:20]), message
     assert '…": unknown key (check the spelling; keys are camelCase)' in message, message
-    assert message.endswith("the README's config reference lists the keys") or message.endswith("runtimeClassName, prometheusUrl")
+    assert message.endswith("docs/configuration.md lists the keys") or message.endswith("runtimeClassName, prometheusUrl")
 
 
 @pytest.mark.parametrize("key", ["\x85", "a\u2028b", "\xa0x", "tab\tkey", "\u200b"])

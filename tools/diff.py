@@ -247,7 +247,7 @@ def rerun_table(old: Snapshot, new: Snapshot) -> list[str]:
     if not reasons:
         return []
     lines = ["### Node steps `pulumi up` would run again, per node", "",
-             "They run on live nodes; README \"What a release re-runs\" says why that is safe.", "",
+             "They run on live nodes; docs/nodes.md \"What a release re-runs\" says why that is safe.", "",
              "| node | step | why |", "|---|---|---|"]
     for name, why in reasons.items():
         node, _, step = name.partition(":")

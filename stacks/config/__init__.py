@@ -1,6 +1,6 @@
 """Typed stack configuration: everything a `Pulumi.<stack>.yaml` may choose.
 
-The models are the one source of truth for keys, types and defaults; the README's config
+The models are the one source of truth for keys, types and defaults; docs/configuration.md's config
 reference is written from them. Everything is validated before any resource is declared,
 and every error names the key path the user has to change. One module per top-level key
 (`cluster`, `nodes`, `modelStorage`, `models`; a node's GPU sharing in `sharing`), the time budgets a

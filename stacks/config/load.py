@@ -125,7 +125,7 @@ def _describe(exc: ValidationError) -> str:
             return f"{path}: unknown key{suggestion}"
         line = f"{path}: unknown key (check the spelling; keys are camelCase)"
         listed = f"{line}; keys here: {', '.join(keys)}" if keys else line
-        return listed if len(listed) <= MAX_LINE else f"{line}; the README's config reference lists the keys"
+        return listed if len(listed) <= MAX_LINE else f"{line}; docs/configuration.md lists the keys"
     if error["type"] in ("union_tag_invalid", "union_tag_not_found"):
         tags = ", ".join(repr(t) for m in get_args(_strip(_annotation_at(error["loc"]))) for t in _tags(m))
         got = f" (got {_short(ctx['tag'])})" if "tag" in ctx else " (it is missing)"

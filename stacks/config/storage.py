@@ -14,7 +14,7 @@ from stacks.config.base import LOOPBACK, K8sName, NodeName, SafePath, _Model, re
 RAID_DATA_OFFSET_BYTES = 128 * 2**20
 # XFS keeps part of the device for its log, allocation-group headers, inode chunks and the
 # reserved block pool. 2 % bounds what `df` shows missing on a fresh mkfs.xfs (measured on
-# the test VM; see README "Capacity").
+# the test VM; see docs/nodes.md, "Capacity of the model volume").
 XFS_OVERHEAD_FRACTION = 0.02
 
 

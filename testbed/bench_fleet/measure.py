@@ -32,7 +32,7 @@ SYSTEM_PYTHON = os.environ.get("GS_SYSTEM_PYTHON", "/usr/bin/python3")
 REPLAYED = "replay.json"
 """What the offline render declares, for testbed/bench_replay.py (written by `shape_of`)."""
 SKIP_CHECKPOINTS = {"PULUMI_SKIP_CHECKPOINTS": "true"}
-"""The CLI writes the state once, at the end, instead of after every step (README "A large fleet")."""
+"""The CLI writes the state once, at the end, instead of after every step (docs/fleets.md, "A large fleet")."""
 
 
 BARE_PROGRAM = '''\

@@ -51,7 +51,7 @@ def markdown(rows: list[SizeResult], profile: Profile | None, runs: int, version
         "",
         *(["Every command below ran with `PULUMI_SKIP_CHECKPOINTS=true`, ours and bare alike: the CLI writes the "
            "state once, at the end, instead of after every step. That is how `preview.yml` runs a pull request's "
-           "preview; for `up` it is a trade (README, \"A large fleet\").", ""] if skip_checkpoints else []),
+           "preview; for `up` it is a trade (docs/fleets.md, \"A large fleet\").", ""] if skip_checkpoints else []),
         f"Median of {runs} runs each, ours and bare alternating, on {machine()}; engine: {versions}. Generated as the "
         "offline scaling benchmark generates them (`testbed.bench.generated_stack`: NFS model storage, two disks per "
         "node), the Kubernetes provider writing YAML (`renderYamlTo`), every node's SSH host a stand-in that runs "

@@ -71,7 +71,7 @@ class EndToEnd(Run):
     def preview_prod(self) -> str:
         raw = rendering(stack_raw("prod"), self.yaml_prod)
         self.new_stack("prod", raw, self.secret_values(raw, self.canaries["sshPrivateKey"]))
-        # As the README and preview.yml run it: the pack's config written by the render of the same stack.
+        # As docs/deploying.md and preview.yml run it: the pack's config written by the render of the same stack.
         offline = self.offline_render("prod")
         config = self.project / "rendered" / "prod" / "policy-config.json"
         config.parent.mkdir(parents=True, exist_ok=True)

@@ -14,7 +14,7 @@ files in the guest), image.py and build-image.sh (the image), booted.py (saving 
 and layouts.py (the disks' hashes and the layouts tests build on them). Imported by their own names:
 testbed.vm.steps (the node steps a VM test runs, rendered offline: it imports the renderer and the
 Pulumi SDK, which the lab VM and the harness do without) and testbed.vm.fakes (stand-ins for the
-container runtime's packages). README.md has the rest.
+container runtime's packages). docs/nodes.md and docs/testbed.md have the rest.
 """
 
 from testbed.vm.booted import ensure_booted_state
