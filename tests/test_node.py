@@ -78,6 +78,80 @@ def test_rendered_scripts_are_shellcheck_clean(prod, tmp_path):
     shellcheck(*paths)
 
 
+# systemctl verbs that return without waiting for a unit (every other one, and a verb in a variable,
+# may wait for a start or stop job); `--now` and `--wait` make any of them wait.
+SYSTEMCTL_NO_WAIT = {"daemon-reload", "is-active", "is-enabled", "is-failed", "show", "status", "cat", "reset-failed",
+                     "enable", "disable", "reenable", "mask", "unmask", "preset", "kill", "list-units", "list-jobs"}
+SYSTEMCTL_VALUE_OPTIONS = {"-p", "-t", "-s", "-H", "-M", "-n", "-o", "--property", "--type", "--state", "--signal",
+                           "--kill-whom", "--job-mode", "--root", "--lines", "--output", "--host", "--machine"}
+TIMEOUT = r"\btimeout(?:\s+-[ks]\s*\S+|\s+--[\w-]+(?:=\S+)?)*\s+\S+\s*$"
+COMMAND_POSITION = r"(?:^|[;&|({!]|\$\(|\b(?:then|do|else|if|elif|while|until|exec|command)\b)\s*$"
+
+
+def unbounded_systemctl(script: str) -> list[str]:
+    """The systemctl commands in `script` that may wait for a unit without a bound: a verb that can
+    wait (start, restart, stop, reload-or-restart, enable --now, a variable, ...) with neither
+    `--no-block` nor a `timeout N` in front. A systemctl inside a message ('restart it yourself:
+    systemctl restart k3s') is no command: only one where a command starts counts."""
+    code = re.sub(r"\\\n", " ", script)
+    found = []
+    for line in code.splitlines():
+        if line.lstrip().startswith("#"):
+            continue
+        for match in re.finditer(r"(?<![\w-])systemctl(?![\w-])", line):
+            before = line[:match.start()]
+            bounded = re.search(TIMEOUT, before) is not None
+            if not bounded and not re.search(COMMAND_POSITION, before):
+                continue  # text, not a command
+            words = re.split(r"[;&|)]", line[match.end():], maxsplit=1)[0].split()
+            verb, skip = None, False
+            for word in words:
+                if skip:
+                    skip = False
+                elif word in SYSTEMCTL_VALUE_OPTIONS:
+                    skip = True
+                elif not word.startswith("-"):
+                    verb = word
+                    break
+            waits = verb not in SYSTEMCTL_NO_WAIT or bool({"--now", "--wait"} & set(words))
+            if waits and not bounded and "--no-block" not in words:
+                found.append(line.strip())
+    return found
+
+
+@pytest.mark.parametrize(("line", "unbounded"), [
+    ("systemctl restart containerd", True),
+    ("  systemctl restart \"$agent\"", True),
+    ("x=1; systemctl reload-or-restart k3s-agent", True),
+    ("cond || systemctl start foo", True),
+    ("systemctl -q enable --now foo", True),
+    ("if ! systemctl stop foo; then", True),
+    ("out=$(systemctl \"$verb\" foo 2>&1)", True),
+    ("systemctl --no-block restart containerd", False),
+    ("UNIT_ERROR=$(timeout -k 5 \"$UNIT_WAIT\" systemctl restart -- \"$1\" 2>&1 >/dev/null) || rc=$?", False),
+    ("timeout 60 systemctl start foo", False),
+    ("systemctl daemon-reload && systemctl -q enable \"$unit\"", False),
+    ("systemctl reset-failed containerd 2>/dev/null || true", False),
+    ("done < <(systemctl show -p ActiveState -p SubState -- \"$1\")", False),
+    ("die \"restart it yourself when that is safe ('systemctl restart $server'), then run pulumi up again\"", False),
+    ("# a comment: systemctl restart foo", False),
+])
+def test_the_systemctl_check_finds_a_plain_restart(line: str, unbounded: bool) -> None:
+    assert bool(unbounded_systemctl(line)) is unbounded
+
+
+def test_no_systemctl_in_a_step_waits_without_a_bound(prod):
+    """A plain `systemctl restart` of a Type=notify unit with TimeoutStartSec=0 (k3s, rke2) waits for
+    READY=1 forever: the step, `pulumi up` and the disk steps waiting on the node lock would hang.
+    Every systemctl that can wait for a job is bounded (`timeout N`, or `--no-block` and a bounded
+    wait), in every rendered script and in every script file (lib.sh whole)."""
+    texts = {f"{name}.{field}": cmd.inputs[field] for name, cmd in commands(prod).items() for field in ("create", "delete")}
+    texts |= {f.name: f.read_text() for f in SCRIPTS.glob("*.sh")}
+    assert "systemctl restart" in texts["80-runtime.create"]  # the check sees the restarts it is about
+    for name, text in texts.items():
+        assert unbounded_systemctl(text) == [], name
+
+
 def test_rendered_files_are_exactly_the_create_scripts(prod):
     files = node_scripts(prod)
     assert sorted(files) == [f"nodes/{NODE}/{s}.sh" for s in node_steps.STEP_PARAMS]

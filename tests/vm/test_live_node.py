@@ -11,7 +11,9 @@ One VM for the module; the tests build on each other, in file order:
     until drained (and a new one inside the old one refused before anything is unmounted) ->
     runtime: invalid TOML restored without restart, a config that loads but leaves containerd
     without its CRI restored and restarted again (issue 25), imports kept and a big --help read
-    under pipefail, overridden settings named -> k3s server never restarted, agent checked.
+    under pipefail, overridden settings named -> k3s server never restarted, agent checked -> a k3s
+    or rke2 agent and a containerd that never get ready (Type=notify, TimeoutStartSec=0): the step
+    ends within its bound (issue 44).
 
 Container runtimes are STAND-INS (testbed/vm/fakes): the guest cannot install containerd, the
 NVIDIA toolkit or k3s. The kubelet is simulated by its bind mounts. Skipped unless GS_VM_TESTS=1.
@@ -21,6 +23,8 @@ from __future__ import annotations
 
 import json
 import shlex
+import subprocess
+import time
 from typing import Any
 
 import pytest
@@ -347,3 +351,97 @@ def test_k3s_agent_restart_is_checked(vm, fake_k3s):
     vm.ssh("touch /etc/fake-k3s.detects")
     assert report(run(vm, fake_k3s).stdout)["result"] == "changed"
     assert report(run(vm, fake_k3s).stdout)["result"] == "unchanged"
+
+
+# ---------------------------------------------------------------------------- units that never get ready (issue 44)
+
+UNIT_WAIT = 10  # GS_UNIT_WAIT: the step's bound on a restart in these tests (120 s on a node)
+
+
+def bounded_run(vm: Vm, script: str) -> tuple[Any, float]:
+    """The step with its restart bound at UNIT_WAIT, and its seconds. The SSH call's own timeout is far
+    above any bound the step has: a step that waits without one fails the test instead of hanging it."""
+    start, limit = time.monotonic(), UNIT_WAIT * 3 + 120
+    try:
+        proc = vm.ssh(f"export GS_UNIT_WAIT={UNIT_WAIT}\n" + script, check=False, timeout=limit)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the step still ran after {limit} s (its bound: {UNIT_WAIT} s a restart): it waits for a unit without a bound")
+    return proc, time.monotonic() - start
+
+
+def lock_is_free(vm: Vm, node: dict[str, Any]) -> None:
+    """A disk step gets the node lock at once: the runtime step left nothing behind that holds it."""
+    assert report(vm.ssh("export GS_LOCK_WAIT=5\n" + node["steps"]["70-health"], timeout=120).stdout)["step"] == "health"
+
+
+def errors(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("ERROR: ")]
+
+
+@pytest.fixture(params=["k3s", "rke2"])
+def never_ready_agent(vm, request):
+    """A running FAKE k3s or rke2 agent whose next start never ends: its unit becomes Type=notify with
+    TimeoutStartSec=0, as the real ones, and its daemon never sends READY=1. Yields (runtime, step)."""
+    kind = request.param
+    unit = f"/etc/systemd/system/{kind}-agent.service"
+    vm.put_file("#!/bin/sh\nexit 0\n", "/usr/bin/nvidia-container-runtime", "0755")
+    vm.put_file(FAKE_K3S_START, "/usr/local/bin/fake-k3s-start", "0755")
+    vm.put_file(fake_k3s_unit(kind, f"{kind}-agent.service"), unit)
+    vm.ssh(f"rm -f /etc/fake-k3s.* && systemctl daemon-reload && systemctl start {kind}-agent")
+    vm.put_file(fake_k3s_unit(kind, f"{kind}-agent.service", ready=False), unit)
+    vm.ssh("systemctl daemon-reload")
+    yield kind, render_steps(runtime=kind)["80-runtime"]
+    vm.ssh(f"systemctl stop {kind}-agent; rm -rf {unit} /var/lib/rancher /etc/fake-k3s.* /usr/bin/nvidia-container-runtime;"
+           " systemctl daemon-reload", check=False)
+
+
+def test_an_agent_that_never_gets_ready_does_not_hang_the_step(vm, node, never_ready_agent):
+    """A plain `systemctl restart` waited for READY=1 for ever: the step, `pulumi up` and every disk
+    step behind the node lock hung. Now the restart is bounded: an agent that cannot reach its server
+    (its containerd config not rewritten) fails the step in one line that says what to check; one
+    that wrote the config with the nvidia runtime and is not ready yet is a warning."""
+    kind, script = never_ready_agent
+    agent = f"{kind}-agent"
+    vm.ssh("touch /etc/fake-k3s.detects /etc/fake-k3s.unreachable")
+    proc, seconds = bounded_run(vm, script)
+    assert proc.returncode == 1 and len(errors(proc.stderr)) == 1, proc.stderr
+    error = errors(proc.stderr)[0]
+    assert f"{agent} did not come back within {UNIT_WAIT} s of its restart (activating (start))" in error, error
+    assert f"journalctl -u {agent}" in error and "cannot reach its server" in error
+    assert seconds < UNIT_WAIT + 60, seconds
+    # The wait ended, not the start: systemd goes on with it (a real agent comes up once it reaches its server).
+    assert vm.ssh(f"systemctl show -p ActiveState --value {agent}").stdout.strip() == "activating"
+    lock_is_free(vm, node)
+
+    # Its server reachable, the agent writes its config with the runtime, and is still not ready.
+    vm.ssh("rm /etc/fake-k3s.unreachable")
+    proc, seconds = bounded_run(vm, script)
+    assert proc.returncode == 0 and report(proc.stdout)["result"] == "changed", proc.stderr
+    assert not errors(proc.stderr), proc.stderr
+    assert f"WARNING: {agent} wrote its containerd config with the nvidia runtime, but is not ready" in proc.stderr
+    assert seconds < UNIT_WAIT + 60, seconds
+    # A re-run restarts nothing: the runtime is in place.
+    invocation = vm.ssh(INVOCATION.format(agent)).stdout.strip()
+    again, _ = bounded_run(vm, script)
+    assert report(again.stdout)["result"] == "unchanged" and vm.ssh(INVOCATION.format(agent)).stdout.strip() == invocation
+    lock_is_free(vm, node)
+
+
+def test_a_containerd_that_never_gets_ready_does_not_hang_the_step(vm, node):
+    """The same for containerd (Type=notify; a drop-in with no start timeout, a daemon that never says
+    ready): the restart's wait is bounded, the files are restored, and the step fails in one line."""
+    fresh_containerd_config(vm, "good")
+    files = f"sha256sum {CONFIG}; stat -c '%n %Y %a' {CONFIG}"
+    before = vm.ssh(files).stdout
+    install_fake_containerd(vm, ready=False)  # the running daemon stays; its next start never ends
+    try:
+        proc, seconds = bounded_run(vm, node["steps"]["80-runtime"])
+        assert proc.returncode == 1 and len(errors(proc.stderr)) == 1, proc.stderr
+        error = errors(proc.stderr)[0]
+        assert f"containerd did not come back within {UNIT_WAIT} s of its restart: activating (start)" in error, error
+        assert "journalctl -u containerd" in error
+        assert seconds < 2 * UNIT_WAIT + 60, seconds  # the toolkit's files, then the restored ones
+        assert vm.ssh(files).stdout == before and vm.ssh(f"test -e {DROPIN}", check=False).returncode == 1
+        lock_is_free(vm, node)
+    finally:
+        install_fake_containerd(vm)

@@ -87,13 +87,20 @@ toml_sections() {
   done <"$1"
 }
 
-# restart_containerd: systemd refuses a unit started more than StartLimitBurst times within
-# StartLimitIntervalSec (5 in 10 s by default). A failed CRI check restarts containerd twice in a
-# few seconds; if the second start, the one back to the restored files, were refused, the node
-# would be left with no container runtime. reset-failed clears that count first.
+# restart_containerd: restarts containerd and checks its CRI plugin (cri_up); false, with
+# CRI_STATUS saying why, when either is not up in time. systemd refuses a unit started more than
+# StartLimitBurst times within StartLimitIntervalSec (5 in 10 s by default). A failed CRI check
+# restarts containerd twice in a few seconds; if the second start, the one back to the restored
+# files, were refused, the node would be left with no container runtime. reset-failed clears that
+# count first. containerd's unit is Type=notify: a daemon that hangs before it is ready under a
+# drop-in without a start timeout would otherwise hold the step forever (restart_unit).
 restart_containerd() {
   systemctl reset-failed containerd 2>/dev/null || true
-  systemctl restart containerd
+  if ! restart_unit containerd 120; then
+    CRI_STATUS="containerd did not come back within ${UNIT_WAIT} s of its restart: $UNIT_STATE${UNIT_ERROR:+, $UNIT_ERROR}"
+    return 1
+  fi
+  cri_up
 }
 
 case $GS_RUNTIME in
@@ -249,15 +256,15 @@ case $GS_RUNTIME in
       result=unchanged
     else
       say "containerd configuration changed (${files[*]}) or an earlier run stopped before restarting; restarting containerd"
-      restart_containerd
-      if ! cri_up; then
+      if ! restart_containerd; then
         # Back to the files it ran with, restarted again: this node gets its runtime back and the
         # failed step stops the node-by-node chain here.
         failed=$CRI_STATUS
         restore
-        restart_containerd
+        restored=ok
+        restart_containerd || restored=failed
         rm -f "$pending"
-        cri_up || die "containerd has no CRI plugin ($failed; restored: $CRI_STATUS) with the toolkit's configuration, nor with the restored one (${files[*]}); see 'journalctl -u containerd', fix the configuration by hand, then run pulumi up again"
+        [[ $restored == ok ]] || die "containerd's CRI plugin is not up with the toolkit's configuration ($failed), nor with the restored one (${files[*]}: $CRI_STATUS); see 'journalctl -u containerd' for why, fix it by hand, then run pulumi up again"
         die "containerd restarted with the configuration nvidia-ctk wrote, but its CRI plugin did not come up ($failed): the kubelet would find no runtime. The files are restored (${files[*]}) and containerd restarted with them. See 'journalctl -u containerd' for why (the configuration is not shown: it may hold credentials); a toolkit update may fix it"
       fi
       result=changed
@@ -274,21 +281,39 @@ case $GS_RUNTIME in
       result=unchanged
     else
       agent=$GS_RUNTIME-agent
-      if ! systemctl -q is-active "$agent"; then
+      # An agent still starting (activating: waiting for its server, or back-off after a crash) is
+      # restarted as well: whether it would detect the runtime depends on when that start began.
+      unit_state "$agent"
+      if ((!UNIT_RUNNING)); then
         for server in "$GS_RUNTIME" "$GS_RUNTIME-server"; do
-          ! systemctl -q is-active "$server" ||
-            die "$GS_RUNTIME runs here as a server ($server.service) and $generated has no nvidia runtime. This step never restarts a server (that restarts the control plane): restart it yourself when that is safe ('systemctl restart $server'), then run pulumi up again"
+          unit_state "$server"
+          ((!UNIT_RUNNING)) ||
+            die "$GS_RUNTIME runs here as a server ($server.service, $UNIT_STATE) and $generated has no nvidia runtime. This step never restarts a server (that restarts the control plane): restart it yourself when that is safe ('systemctl restart $server'), then run pulumi up again"
         done
         die "no running $agent service found; start it, then run pulumi up again"
       fi
-      say "restarting $agent so that it detects nvidia-container-runtime"
+      say "restarting $agent ($UNIT_STATE) so that it detects nvidia-container-runtime"
       started=$(date +%s)
-      systemctl restart "$agent"
-      # The agent writes its containerd config as it starts: wait for the new one, then check it.
-      for _ in {1..60}; do
-        [[ ! -e $generated ]] || (($(stat -c %Y "$generated") < started)) || break
-        sleep 2
-      done
+      fresh() { [[ -e $generated ]] && (($(stat -c %Y "$generated") >= started)); }
+      if restart_unit "$agent" 120; then
+        # Up: k3s and rke2 write their containerd config before they say they are ready; a unit that
+        # is up sooner (Type=simple) gets a minute to write it.
+        for _ in {1..30}; do
+          ! fresh || break
+          sleep 2
+        done
+      elif fresh && has_nvidia; then
+        # Not an error: the agent writes its containerd config only once it has its configuration
+        # from its server, and this one has the nvidia runtime, which is all this step is for; what
+        # keeps the agent from being ready (its kubelet, a server gone since) is not the runtime's
+        # and not this step's to fix. Failing would stop the other nodes' runtime steps, and the
+        # next run would find the runtime in place and say "unchanged" anyway.
+        warn "$agent wrote its containerd config with the nvidia runtime, but is not ready ${UNIT_WAIT} s after its restart ($UNIT_STATE); GPU pods start on this node once it is. See 'journalctl -u $agent' (can it reach its server?) and 'kubectl get node'"
+      elif ! fresh; then
+        # An error: nothing shows that the runtime is in place, and the runtime steps of the next
+        # nodes (chained after this one) would restart their agents into the same unreachable server.
+        die "$agent did not come back within ${UNIT_WAIT} s of its restart ($UNIT_STATE${UNIT_ERROR:+: $UNIT_ERROR}) and has not rewritten $generated, which $GS_RUNTIME does only once it has its configuration from its server: see 'journalctl -u $agent' ('Waiting to retrieve agent configuration' means it cannot reach its server: check the server address, token and network). Once 'systemctl status $agent' shows it active (systemd goes on with the start), run pulumi up again"
+      fi
       has_nvidia || die "$agent restarted, but $generated has no nvidia runtime: $GS_RUNTIME did not detect nvidia-container-runtime. Check 'journalctl -u $agent' and that nvidia-container-runtime is on $GS_RUNTIME's PATH, then run pulumi up again"
       result=changed
     fi

@@ -112,6 +112,42 @@ node_lock() {
   printf '%s %s, pid %s, since %(%F %T)T\n' "$$" "${1:-a step}" "$$" -1 >"$holder"
 }
 
+# unit_state UNIT: UNIT_STATE becomes UNIT's "ActiveState (SubState)", as `systemctl status` shows
+# them; UNIT_RUNNING 1 when it is active, reloading or activating (starting, or waiting to restart).
+# shellcheck disable=SC2034  # UNIT_RUNNING is read by the steps
+unit_state() {
+  local line active="" sub=""
+  while IFS= read -r line; do
+    case $line in
+      ActiveState=*) active=${line#*=} ;;
+      SubState=*) sub=${line#*=} ;;
+    esac
+  done < <(systemctl show -p ActiveState -p SubState -- "$1" 2>/dev/null || true)
+  UNIT_STATE="${active:-unknown}${sub:+ ($sub)}"
+  case $active in
+    active | reloading | activating) UNIT_RUNNING=1 ;;
+    *) UNIT_RUNNING=0 ;;
+  esac
+}
+
+# restart_unit UNIT SECONDS: `systemctl restart UNIT`, waiting at most SECONDS (GS_UNIT_WAIT
+# overrides it) for the unit to be up again. A plain restart waits until the start job ends, and a
+# Type=notify unit ends it only when its daemon sends READY=1: under TimeoutStartSec=0 (k3s's and
+# rke2's units, or any unit a drop-in gives no start timeout) a daemon that never does, such as a
+# k3s agent that cannot reach its server, would hold this step, `pulumi up` and every step waiting
+# on the node lock forever. `timeout` ends only the wait: systemd goes on with the job. False unless
+# the unit came up in time; UNIT_WAIT is the bound, UNIT_STATE the unit's state afterwards and
+# UNIT_ERROR the first line systemctl printed (a unit that failed, is masked or missing).
+# shellcheck disable=SC2034  # UNIT_WAIT and UNIT_ERROR are read by the steps
+restart_unit() {
+  local rc=0
+  UNIT_WAIT=${GS_UNIT_WAIT:-$2}
+  UNIT_ERROR=$(timeout -k 5 "$UNIT_WAIT" systemctl restart -- "$1" 2>&1 >/dev/null) || rc=$?
+  UNIT_ERROR=${UNIT_ERROR%%$'\n'*}
+  unit_state "$1"
+  ((rc == 0))
+}
+
 # cri_up: containerd answers (within 60 s of a restart) and its CRI plugin (what the kubelet talks
 # to) loaded. `containerd config dump` does not start the CRI: a configuration it accepts can still
 # leave containerd active with no CRI (a default runtime that is not configured) and the node
