@@ -18,11 +18,18 @@ from pathlib import Path
 from tools import config_doc, policy_doc
 from tools.render import ROOT
 
-# Page (relative to the repository) → the function that rewrites its generated part.
-GENERATED: dict[str, Callable[[str], str]] = {
-    "docs/configuration.md": config_doc.replace_in,
-    "docs/policy.md": policy_doc.replace_in,
+# Page (relative to the repository) → its generator: the markers around the generated part, and the
+# function that writes that part from the code it documents.
+GENERATED: dict[str, tuple[str, str, Callable[[], str]]] = {
+    "docs/configuration.md": (config_doc.BEGIN, config_doc.END, config_doc.reference),
+    "docs/policy.md": (policy_doc.BEGIN, policy_doc.END, policy_doc.reference),
 }
+
+
+def replace_between(text: str, begin: str, end: str, body: str) -> str:
+    """TEXT with what stands between the markers BEGIN and END replaced by BODY."""
+    start, stop = text.index(begin) + len(begin), text.index(end)
+    return text[:start] + "\n" + body + text[stop:]
 
 
 def documents() -> list[Path]:
@@ -33,9 +40,9 @@ def documents() -> list[Path]:
 def regenerated() -> dict[str, tuple[str, str]]:
     """Page → (its text now, its text after `make docs`)."""
     pages = {}
-    for name, rewrite in GENERATED.items():
+    for name, (begin, end, write) in GENERATED.items():
         text = (ROOT / name).read_text()
-        pages[name] = (text, rewrite(text))
+        pages[name] = (text, replace_between(text, begin, end, write()))
     return pages
 
 
