@@ -98,6 +98,20 @@ def test_the_mountpoint_used_by_another_filesystem(vm: Vm, layout: dict[str, str
         vm.ssh(f"umount {MOUNT}", check=False)
 
 
+@pytest.mark.parametrize("target", ["/mnt/models/", "/mnt//models", "/mnt/\\155odels", "/mnt/gs-link/models"])
+def test_an_fstab_line_for_the_mountpoint_is_refused_however_spelt(vm: Vm, layout: dict[str, str], target: str) -> None:
+    # mount(8) and the boot take each of these for /mnt/models; preflight compared the text (#44).
+    fstab = vm.ssh("cp -p /etc/fstab /root/fstab.kept && ln -sfn /mnt /mnt/gs-link && cat /etc/fstab").stdout.rstrip("\n") + "\n"
+    vm.put_file(fstab + f"tmpfs {target} tmpfs size=1m 0 0\n", "/etc/fstab")
+    try:
+        line = len(fstab.splitlines()) + 1
+        message = assert_refused(vm, layout, steps_for([Vm.by_id(d) for d in DISKS]),
+                                 f"/etc/fstab line {line} mounts tmpfs at {target}, which is storage.mountpoint {MOUNT}")
+        assert "Remove or comment out that line (or choose another storage.mountpoint)" in message
+    finally:
+        vm.ssh("cp -p /root/fstab.kept /etc/fstab && rm /mnt/gs-link")
+
+
 def test_a_wrong_ssh_key_runs_nothing(vm: Vm, layout: dict[str, str], tmp_path: Path) -> None:
     wrong = tmp_path / "wrong_ed25519"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(wrong)], check=True)

@@ -4,7 +4,10 @@ step's `.new-array` record empty or without its newline, an unfinished XFS on an
 did not create, the boot unit's start timeout, a node lock folder someone else made, an fstab line
 that names the array by another device path, a bitmap md cannot add while a check runs, and what
 the mount step wrote (fstab, the boot unit and its helper, the unit enabled) through a power cut just
-after it (issue 25: fsync of the unit files).
+after it (issue 25: fsync of the unit files). Issue 44: mdadm.conf lines that would keep the array
+from being assembled at boot (each checked against mdadm by stopping the array and replaying udev's
+add events; the power cut then boots a DEVICE line fixed as the refusal said), and fstab lines of
+another filesystem for the mountpoint under any spelling of its path.
 
 One VM with two blank 4 GiB disks. The record tests use a small scratch array on loop devices in
 the guest, so only the filesystem step runs on it. Skipped unless GS_VM_TESTS=1
@@ -73,6 +76,115 @@ def test_an_array_line_without_a_final_newline_is_still_found(vm: Vm, node: dict
     assert result.returncode == 0, result.stderr
     assert report(result.stdout)["result"] == "unchanged"
     assert len([line for line in conf_lines(vm) if line.startswith("ARRAY")]) == 1, conf_lines(vm)
+
+
+# ------------------------------------------------------------ mdadm.conf lines that keep the array down at boot (#44)
+
+
+def members(vm: Vm) -> list[str]:
+    md = vm.ssh("basename $(readlink -f /dev/md/models)").stdout.strip()
+    return sorted(f"/dev/{s}" for s in vm.ssh(f"ls /sys/block/{md}/slaves").stdout.split())
+
+
+def assembles_as_at_boot(vm: Vm, parts: list[str]) -> bool:
+    """A stand-in for a reboot: the array stopped, then udev's add event for each member, which runs
+    `mdadm --incremental` with /etc/mdadm/mdadm.conf as at boot. Does /dev/md/models come back running?"""
+    state = vm.run_script(
+        "set -u\numount /mnt/models\nmdadm --stop /dev/md/models >/dev/null\nudevadm settle\n"
+        f"udevadm trigger --action=add --settle {' '.join(parts)}\nudevadm settle\n"
+        'md=$(readlink -f /dev/md/models); if [ -b /dev/md/models ]; then cat "/sys/block/${md##*/}/md/array_state"; else echo none; fi\n'
+    ).stdout.split()[-1]  # fmt: skip
+    return state not in ("none", "inactive", "clear")
+
+
+def running_again(vm: Vm, parts: list[str]) -> None:
+    """mdadm.conf as it was, the array running (a member left inactive by a refused line stopped first) and mounted."""
+    vm.run_script(
+        f"cp -p /root/mdadm.conf.kept {CONF}\n"
+        'for s in /sys/block/md*/md/array_state; do [ "$(cat "$s")" = inactive ] || continue\n'
+        '  d=${s%/md/array_state}; mdadm --stop "/dev/${d##*/}"\ndone\n'
+        f"[ -b /dev/md/models ] || mdadm --assemble /dev/md/models {' '.join(parts)}\n"
+        "udevadm settle; findmnt -n /mnt/models >/dev/null || mount /mnt/models\n"
+    )  # fmt: skip
+    assert vm.ssh("findmnt -n -o SOURCE /mnt/models").stdout.strip() == vm.ssh("readlink -f /dev/md/models").stdout.strip()
+
+
+def added(*lines: str) -> Any:
+    return lambda text, uuid: text.rstrip("\n") + "\n" + "".join(line.format(uuid=uuid) + "\n" for line in lines)
+
+
+def ours_with(extra: str, *lines: str) -> Any:
+    """Our ARRAY line with EXTRA appended, and LINES added."""
+    def edit(text: str, uuid: str) -> str:
+        text = re.sub(r"^(ARRAY /dev/md/models .*)$", rf"\1 {extra}", text, count=1, flags=re.M)
+        return added(*lines)(text, uuid)
+    return edit
+
+
+# (edit of mdadm.conf, the line the refusal names, or None: mdadm assembles the array with it).
+CONF_LINES = {
+    # DEVICE (glob, keyword abbreviated in any case, `containers`) that leaves out both members or one.
+    "DEVICE /dev/sd*": (added("DEVICE /dev/sd*"), "'DEVICE /dev/sd*'"),
+    "dev /dev/nvme*": (added("dev /dev/nvme*"), "'dev /dev/nvme*'"),
+    "DEVICE containers": (added("DEVICE containers"), "'DEVICE containers'"),
+    "DEVICE /dev/vdb*": (added("DEVICE /dev/vdb*"), "'DEVICE /dev/vdb*'"),
+    # A second ARRAY line that matches the array: mdadm assembles neither.
+    "ARRAY same UUID": (added("ARRAY /dev/md/old UUID={uuid}"), "'ARRAY /dev/md/old UUID={uuid}'"),
+    "ARRAY same name": (added("ARRAY /dev/md/other name=any:models"), "'ARRAY /dev/md/other name=any:models'"),
+    "ARRAY <ignore>": (added("ARRAY <ignore> UUID={uuid}"), "'ARRAY <ignore> UUID={uuid}'"),
+    # No ARRAY line matches (devices= leaves the members out), and AUTO keeps such arrays down.
+    "AUTO -all, ours unmatched": (ours_with("devices=/dev/sd*", "AUTO -all"), "'AUTO -all'"),
+    # Harmless: mdadm assembles the array with these, and the step accepts them.
+    "DEVICE /dev/sd* /dev/vd*": (added("DEVICE /dev/sd* /dev/vd*"), None),
+    "DEVICE partitions": (added("DEVICE partitions"), None),
+    "DEVICE by-id glob": (added("DEVICE /dev/disk/by-id/virtio-gs-disk-*"), None),
+    "AUTO -all": (added("AUTO -all"), None),
+    "AUTO +homehost -1.x": (added("AUTO +homehost -1.x"), None),
+    "HOMEHOST elsewhere": (lambda text, uuid: text.replace("HOMEHOST <system>", "HOMEHOST another-node"), None),
+}
+
+
+@pytest.mark.parametrize("case", list(CONF_LINES))
+def test_an_mdadm_conf_line_that_would_keep_the_array_from_assembling_at_boot_is_refused(vm: Vm, node: dict[str, Any], case: str) -> None:
+    edit, named = CONF_LINES[case]
+    uuid = node["reports"]["30-raid"]["uuid"]
+    parts = members(vm)
+    vm.ssh(f"cp -p {CONF} /root/mdadm.conf.kept")
+    try:
+        vm.put_file(edit(vm.ssh(f"cat {CONF}").stdout, uuid), CONF)
+        vm.ssh(f"touch -d 2020-01-01 {CONF}")  # older than the initramfs: no refresh in the accepted cases
+        files = f"sha256sum {CONF} /boot/initrd.img-*; stat -c '%n %Y' {CONF} /boot/initrd.img-*"
+        before = vm.ssh(files).stdout
+        result = vm.ssh(node["steps"]["30-raid"], check=False, timeout=300)
+        assert vm.ssh(files).stdout == before
+        if named is None:
+            assert result.returncode == 0, result.stderr
+            assert report(result.stdout)["result"] == "unchanged"
+        else:
+            assert result.returncode != 0, result.stdout
+            [error] = errors(result.stderr) or [result.stderr]
+            assert error.startswith(
+                f"ERROR: {CONF} would keep /dev/md/models from being assembled at the next boot: {named.format(uuid=uuid)}"
+                " (mdadm --incremental /dev/vd"
+            ), error
+            assert error.endswith(f"; then run pulumi up again. {CONF} was not changed"), error
+        # What mdadm itself does with the file when the array starts: the ground truth of the check.
+        assert assembles_as_at_boot(vm, parts) == (named is None)
+    finally:
+        running_again(vm, parts)
+
+
+def test_once_the_refused_line_is_fixed_the_array_is_assembled_under_our_name_at_boot(vm: Vm, node: dict[str, Any]) -> None:
+    # An image made for SATA nodes on virtio disks. The boot that proves the fix is the power cut at
+    # the end of this module (test_what_the_mount_step_wrote_survives_a_power_cut_just_after_it).
+    vm.put_file(added("DEVICE /dev/sd*")(vm.ssh(f"cat {CONF}").stdout, ""), CONF)
+    result = vm.ssh(node["steps"]["30-raid"], check=False, timeout=300)
+    assert result.returncode != 0
+    assert "Fix: add a pattern that matches /dev/vd" in result.stderr and "(e.g. /dev/vd*), or make it 'DEVICE partitions'" in result.stderr
+    vm.ssh(f"sed -i 's|^DEVICE /dev/sd\\*$|DEVICE /dev/sd* /dev/vd*|' {CONF}")
+    result = vm.ssh(node["steps"]["30-raid"], check=False, timeout=900)
+    assert result.returncode == 0, result.stderr
+    assert "refreshing the initramfs" in result.stdout  # the boot reads the fixed line
 
 
 @pytest.fixture(scope="module")
@@ -206,6 +318,133 @@ def test_an_fstab_line_naming_the_array_by_another_device_path_is_replaced(vm: V
     assert vm.ssh("findmnt -n -o TARGET /mnt/models").stdout.strip() == "/mnt/models"
 
 
+# ------------------------------------------------------------ fstab: any spelling of the mountpoint (#44)
+
+# Spellings of /mnt/models that mount(8) or systemd's fstab generator take for it: a trailing slash
+# (also as the octal escape \057), doubled slashes, `.` and `..`, an octal escape of a plain letter,
+# a symlinked parent, a symlink to the mountpoint.
+SPELLINGS = [
+    "/mnt/models/", "/mnt/models//", "//mnt//models", "/mnt/./models", "/mnt/gs-up/../models", "/mnt/\\155odels",
+    "/mnt/models\\057", "/mnt/gs-link/models", "/srv/gs-models-alias",
+]
+
+
+@pytest.fixture
+def fstab_kept(vm: Vm) -> Any:
+    """/etc/fstab as the test found it, put back afterwards, the array mounted again by the mount step."""
+    vm.ssh("cp -p /etc/fstab /root/fstab.kept && ln -sfn /mnt /mnt/gs-link && ln -sfn /mnt/models /srv/gs-models-alias"
+           " && mkdir -p /mnt/gs-up")
+    yield
+    # After a failure: whatever a test left mounted there goes, and the array is mounted again.
+    vm.ssh("rm -f /usr/local/sbin/mount; cp -p /root/fstab.kept /etc/fstab\n"
+           '[ "$(findmnt -n -o SOURCE /mnt/models)" = "$(readlink -f /dev/md/models)" ] || { umount /mnt/models; mount /mnt/models; }',
+           check=False)  # fmt: skip
+
+
+def with_first_fstab_line(vm: Vm, line: str) -> str:
+    """Puts LINE before every other line of /etc/fstab (mount(8) takes the first that matches); the
+    sha256 and mtime of the result."""
+    vm.put_file(line + "\n" + vm.ssh("cat /etc/fstab").stdout, "/etc/fstab")
+    return vm.ssh("sha256sum /etc/fstab; stat -c %Y /etc/fstab").stdout
+
+
+def mounted_again(vm: Vm, node: dict[str, Any]) -> None:
+    vm.ssh("cp -p /root/fstab.kept /etc/fstab")
+    result = vm.ssh(node["steps"]["50-mount"], check=False, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert vm.ssh("findmnt -n -o SOURCE /mnt/models").stdout.strip() == vm.ssh("readlink -f /dev/md/models").stdout.strip()
+
+
+@pytest.mark.parametrize("target", SPELLINGS)
+def test_a_foreign_fstab_line_for_the_mountpoint_is_refused_however_spelt(vm: Vm, node: dict[str, Any], fstab_kept: Any,
+                                                                          target: str) -> None:
+    # The array unmounted (a reboot with a disk late, an operator's umount): `mount /mnt/models` used
+    # to take a tmpfs line written `/mnt/models/` and the step reported the array mounted.
+    vm.ssh("umount /mnt/models")
+    before = with_first_fstab_line(vm, f"tmpfs {target} tmpfs size=1m 0 0")
+    result = vm.ssh(node["steps"]["50-mount"], check=False, timeout=300)
+    assert result.returncode != 0, result.stdout
+    assert errors(result.stderr) == [
+        f"ERROR: /etc/fstab line 1 mounts tmpfs at {target}, which is storage.mountpoint /mnt/models: 'mount /mnt/models' and the"
+        " next boot would mount that instead of our array. Remove or comment out that line (or choose another"
+        " storage.mountpoint), then run pulumi up again"
+    ], result.stderr
+    assert vm.ssh("sha256sum /etc/fstab; stat -c %Y /etc/fstab").stdout == before
+    assert vm.ssh("findmnt -n /mnt/models", check=False).returncode == 1  # nothing mounted there
+    mounted_again(vm, node)
+
+
+def test_a_foreign_fstab_line_is_refused_on_a_serving_node_too(vm: Vm, node: dict[str, Any], fstab_kept: Any) -> None:
+    # Mounted: the next boot would mount whichever line systemd's generator reads first.
+    before = with_first_fstab_line(vm, "tmpfs /mnt/models/ tmpfs size=1m 0 0")
+    result = vm.ssh(node["steps"]["50-mount"], check=False, timeout=300)
+    assert result.returncode != 0 and len(errors(result.stderr)) == 1 and "line 1 mounts tmpfs at /mnt/models/" in result.stderr
+    assert vm.ssh("sha256sum /etc/fstab; stat -c %Y /etc/fstab").stdout == before
+    assert vm.ssh("findmnt -n -o SOURCE /mnt/models").stdout.strip() == vm.ssh("readlink -f /dev/md/models").stdout.strip()
+    mounted_again(vm, node)
+
+
+@pytest.mark.parametrize("target", ["/mnt/models/", "//mnt/./models", "/mnt/gs-link/models"])
+def test_our_own_line_under_another_spelling_is_replaced_and_nothing_is_unmounted(vm: Vm, node: dict[str, Any], fstab_kept: Any,
+                                                                                 target: str) -> None:
+    device = vm.ssh("findmnt -n -o MAJ:MIN /mnt/models").stdout
+    vm.ssh(f"sed -i 's|^\\(UUID=[^ ]*\\) /mnt/models |\\1 {target} |' /etc/fstab && grep -q ' {target} ' /etc/fstab")
+    result = vm.ssh(node["steps"]["50-mount"], check=False, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "replacing the fstab line: UUID=" in result.stdout and "unmounting" not in result.stdout, result.stdout
+    assert vm.ssh("cat /etc/fstab").stdout == vm.ssh("cat /root/fstab.kept").stdout
+    assert vm.ssh("findmnt -n -o MAJ:MIN /mnt/models").stdout == device
+
+
+def test_a_mountpoint_configured_through_a_symlink_is_the_same_mountpoint(vm: Vm, node: dict[str, Any], fstab_kept: Any) -> None:
+    # storage.mountpoint /srv/gs-link/models, /srv/gs-link -> /mnt: the directory the array is mounted
+    # on. The mount step took its own line for the old mountpoint and unmounted the serving array.
+    storage = {"disks": [vm.disk_id(d) for d in DISKS], "sizeGb": 1, "raidName": "models", "mountpoint": "/srv/gs-link/models"}
+    steps = create_scripts(storage)
+    vm.ssh("ln -sfn /mnt /srv/gs-link")
+    device = vm.ssh("findmnt -n -o MAJ:MIN /mnt/models").stdout
+    try:
+        results = {name: vm.ssh(steps[name], check=False, timeout=300) for name in ("10-preflight", "50-mount", "70-health")}
+        assert {name: r.returncode for name, r in results.items()} == dict.fromkeys(results, 0), {n: r.stderr for n, r in results.items()}
+        assert "unmounting" not in results["50-mount"].stdout, results["50-mount"].stdout
+        assert report(results["70-health"].stdout)["mounted"] is True
+        assert vm.ssh("findmnt -n -o MAJ:MIN /mnt/models").stdout == device
+        fstab = vm.ssh("cat /etc/fstab").stdout.splitlines()
+        assert [line.split()[1] for line in fstab if "/models " in line] == ["/srv/gs-link/models"], fstab
+        again = vm.ssh(steps["50-mount"], check=False, timeout=300)
+        assert again.returncode == 0 and report(again.stdout)["result"] == "unchanged", again.stderr
+    finally:
+        vm.ssh("rm -f /srv/gs-link")
+    mounted_again(vm, node)
+
+
+MOUNT_STAND_IN = """#!/bin/sh
+# Test stand-in: mount(8) taking the path to another filesystem's fstab line.
+for a; do t=$a; done
+exec /usr/bin/mount -t tmpfs -o size=1m gs-foreign "$t"
+"""
+
+
+def test_the_mount_step_reports_the_array_mounted_only_when_it_is(vm: Vm, node: dict[str, Any], fstab_kept: Any) -> None:
+    # Whatever sends `mount /mnt/models` elsewhere (a spelling no check foresaw), the step looks at
+    # what is mounted there before it says so.
+    vm.ssh("umount /mnt/models")
+    vm.put_file(MOUNT_STAND_IN, "/usr/local/sbin/mount", "0755")
+    try:
+        result = vm.ssh(node["steps"]["50-mount"], check=False, timeout=300)
+    finally:
+        vm.ssh("rm -f /usr/local/sbin/mount")
+    assert result.returncode != 0, result.stdout
+    assert errors(result.stderr) == [
+        "ERROR: after 'mount /mnt/models', gs-foreign (unmounted again) is mounted there, not our array /dev/md/models (device "
+        + vm.ssh("cat /sys/class/block/$(basename $(readlink -f /dev/md/models))/dev").stdout.strip()
+        + "). See which line mount(8) takes for it: 'findmnt --fstab --target /mnt/models'; remove that line or choose another"
+        " storage.mountpoint, then run pulumi up again"
+    ], result.stderr
+    assert vm.ssh("findmnt -n /mnt/models", check=False).returncode == 1
+    mounted_again(vm, node)
+
+
 def test_a_bitmap_that_cannot_be_added_during_a_check_is_not_called_a_grow(vm: Vm, node: dict[str, Any]) -> None:
     # Nothing to grow, no bitmap (an adopted array below 100 GB has none), and a check running:
     # md refuses the bitmap until it ends. The step said "has grown" although nothing grew.
@@ -268,3 +507,7 @@ def test_what_the_mount_step_wrote_survives_a_power_cut_just_after_it(vm: Vm, no
     assert {path: vm.ssh(f"cat {path}", check=False).stdout for path in files} == written
     assert vm.ssh(f"systemctl is-enabled {unit}", check=False).stdout.strip() == "enabled"
     assert vm.ssh("findmnt -n -o SOURCE /mnt/models").stdout.strip() == vm.ssh("readlink -f /dev/md/models").stdout.strip()
+    # Assembled at that boot under our name, by the mdadm.conf whose DEVICE line an operator fixed as
+    # the raid step said (test_once_the_refused_line_is_fixed_the_array_is_assembled_under_our_name_at_boot).
+    assert "DEVICE /dev/sd* /dev/vd*" in conf_lines(vm)
+    assert "ARRAY /dev/md/models " in vm.ssh("mdadm --detail --scan").stdout

@@ -173,19 +173,23 @@ if [[ $array == absent && -n $ours ]]; then
   done
   md_dev=$running
 fi
-current=$(findmnt -n -o SOURCE --mountpoint "$GS_MOUNTPOINT" 2>/dev/null || true)
+# fstab lines are compared by the directory they name, however spelt (`/mnt/models/`, `/mnt//models`,
+# through a symlink: fstab_paths), as mount(8) and the boot find them.
+fstab_paths
+current=$(findmnt -n -o SOURCE --mountpoint "$MP_PATH" 2>/dev/null || true)
 if [[ -n $current && $(readlink -f -- "$current") != "$md_dev" ]]; then
   die "$current is mounted at $GS_MOUNTPOINT, not our array; unmount it or choose another storage.mountpoint"
 fi
-if [[ $array != ours && -z $running && -r /etc/fstab ]]; then
-  while read -r source target _; do
-    [[ $source != \#* && $target == "$GS_MOUNTPOINT" ]] || continue
+if [[ $array != ours && -z $running ]]; then
+  for i in "${!FSTAB_LINES[@]}"; do
+    source=${FSTAB_SOURCES[i]}
+    [[ -n ${FSTAB_PATHS[i]} && ${FSTAB_PATHS[i]} == "$MP_PATH" ]] || continue
     # The adopted array's own line (by filesystem UUID or device) becomes ours in the mount step.
     if [[ $array == adopt && ($source == "UUID=$ADOPT_FS_UUID" || $(readlink -f -- "$source") == "$md_dev") ]]; then
       continue
     fi
-    die "/etc/fstab already mounts $source at $GS_MOUNTPOINT; remove that line or choose another storage.mountpoint"
-  done </etc/fstab
+    die "/etc/fstab line $((i + 1)) mounts $source at ${FSTAB_TARGETS[i]}, which is storage.mountpoint $GS_MOUNTPOINT: 'mount $GS_MOUNTPOINT' and the next boot would mount that instead of our array. Remove or comment out that line (or choose another storage.mountpoint), then run pulumi up again"
+  done
 fi
 
 IFS=,

@@ -11,9 +11,11 @@ set -euo pipefail
 # - anything else on a member: refuse and leave it alone;
 # - with GS_ADOPT (an array built by other tooling): it is first recorded under our name
 #   (adopt_record in lib.sh), after which it is ours like one this step built.
-# Then the ARRAY line (by UUID) goes once into the distro's mdadm.conf, and on initramfs-tools
-# distros the initramfs is refreshed when it is older than mdadm.conf, so the array never comes
-# back as md127. Ends with the array health from `mdadm --detail --test`.
+# Then the ARRAY line (by UUID) goes once into the distro's mdadm.conf, unless mdadm, asked with the
+# file as it would be, would not assemble the array from it at boot (a DEVICE line that leaves out
+# the members, a second ARRAY line that matches it): that is refused, naming the line. On
+# initramfs-tools distros the initramfs is refreshed when it is older than mdadm.conf, so the array
+# never comes back as md127. Ends with the array health from `mdadm --detail --test`.
 : "${GS_DISKS:?}" "${GS_RAID_NAME:?}" "${GS_PART_NAME:?}"
 
 need_root
@@ -153,16 +155,91 @@ if [[ -r $MDADM_CONF ]]; then
     fi
   done <"$MDADM_CONF"
 fi
+# $(<) drops the final newline(s), so a file without one does not get the line glued onto its last.
+text=""
+[[ ! -s $MDADM_CONF ]] || text=$(<"$MDADM_CONF")$'\n'
+((found)) || text+=$line$'\n'
+
+# Will the next boot assemble our array from this mdadm.conf? Asked of mdadm itself, before anything
+# is written: at boot udev runs `mdadm --incremental MEMBER LINKS...` for each member (in the
+# initramfs with its copy of mdadm.conf; after the switch to the root filesystem, for an array still
+# down, with mdadm.conf.d/*.conf as well: asked so). The same command on a member the running array
+# holds reads every line that decides, then stops without changing anything, as it cannot open the
+# member exclusively ("cannot reopen ...: Device or resource busy"): DEVICE (the devices that may be
+# members: globs, `partitions`, `containers`; without a DEVICE line, partitions), ARRAY (exactly one
+# line must match the member: with a second one by our UUID or name, or an `<ignore>` one, mdadm
+# assembles neither), AUTO and HOMEHOST (they decide only for an array no ARRAY line matches: with
+# ours they are harmless, and accepted). Only members md holds are asked: another it would assemble.
+# Refused, never fixed here: a DEVICE line filters every array of the node and is often narrowed on
+# purpose (multipath nodes list only /dev/mapper/* so that md never assembles over one path of a
+# LUN), and an ARRAY line that matches ours may be meant for an array on disks absent now. Widening
+# the one or dropping the other could break another array; the operator knows which.
+mdadm_conf_assembles() {
+  local check=$LOCK_DIR/mdadm.conf.check all=$1 frag part out rc said word l a b fix named links=()
+  for frag in "$MDADM_CONF.d"/*.conf; do
+    [[ ! -f $frag ]] || all+=$(<"$frag")$'\n'
+  done
+  printf '%s' "$all" >"$check"
+  for part in "${members[@]}"; do
+    md_of "$part"
+    [[ $MD_OF == "${real##*/}" ]] || continue
+    links=()
+    while IFS= read -r l; do
+      [[ $l != DEVLINKS=* ]] || read -ra links <<<"${l#DEVLINKS=}"
+    done < <(udevadm info --query=property --name="$part" 2>/dev/null || true)
+    rc=0
+    out=$(mdadm --incremental --verbose --verbose --config="$check" "$part" "${links[@]}" 2>&1) || rc=$?
+    [[ $out != *"cannot reopen $part"* ]] || continue
+    rm -f "$check"
+    # What mdadm said, less the "UUID differs" it says of every other array.
+    said=""
+    while IFS= read -r l; do
+      [[ -n $l && $l != *"UUID differs"* ]] || continue
+      l=${l#mdadm: }
+      said+="${said:+; }${l%.}"
+    done <<<"$out"
+    case $out in
+      *"not permitted by mdadm.conf"*)
+        word=device
+        fix="add a pattern that matches $part to that line"
+        [[ ! ${part##*/} =~ ^(nvme|mmcblk|xvd|sd|vd|hd) ]] || fix+=" (e.g. /dev/${BASH_REMATCH[1]}*)"
+        fix+=", or make it 'DEVICE partitions' (mdadm's default)"
+        ;;
+      *"we match both"* | *"multiple lines in mdadm.conf match"* | *"explicitly ignored"*)
+        word=array
+        fix="remove the line(s) not meant for $md (UUID $uuid), or give each the UUID= of its own array"
+        ;;
+      *"auto-assembly is disabled"*)
+        word=auto
+        fix="make the ARRAY line for UUID $uuid match $part (no devices= that leave it out), or let the AUTO line allow its metadata (+1.x)"
+        ;;
+      *) die "cannot tell whether $MDADM_CONF lets the next boot assemble $md: 'mdadm --incremental $part' (a dry run, which stops at the member the array holds) ended with exit $rc and ${said:-no message}, not 'cannot reopen'; check 'mdadm --examine $part', then run pulumi up again. $MDADM_CONF was not changed" ;;
+    esac
+    # The lines to fix: keywords count by their first three letters or more, in any case; of the
+    # ARRAY lines, those other than ours that name our array (UUID, name) or that mdadm named.
+    named=""
+    while IFS= read -r l; do
+      read -r a b _ <<<"$l"
+      a=${a,,}
+      [[ ${#a} -ge 3 && $word == "$a"* ]] || continue
+      if [[ $word == array ]]; then
+        [[ $l != "$line" ]] || continue
+        [[ $l == *"$uuid"* || " $l " == *" name=$md_name "* || " $l " == *" name=${md_name#*:} "* || "$out " == *" $b "* ]] || continue
+      fi
+      named+="${named:+ and }'$l'"
+    done <<<"$all"
+    die "$MDADM_CONF would keep $md from being assembled at the next boot: ${named:-a line of it} (mdadm --incremental $part: $said). Fix: $fix; then run pulumi up again. $MDADM_CONF was not changed"
+  done
+  rm -f "$check"
+}
+mdadm_conf_assembles "$text"
 if ((found)); then
   say "$MDADM_CONF lists UUID $uuid, unchanged"
 else
   say "adding to $MDADM_CONF: $line"
   mkdir -p "${MDADM_CONF%/*}"
-  # Rewritten whole and synced, not appended: a power cut leaves the old file or the new one. $(<)
-  # drops the final newline(s), so a file without one does not get the line glued onto its last.
-  text=""
-  [[ ! -s $MDADM_CONF ]] || text=$(<"$MDADM_CONF")$'\n'
-  write_atomic "$MDADM_CONF" "$(stat -c %a "$MDADM_CONF" 2>/dev/null || echo 644)" "$text$line"$'\n'
+  # Rewritten whole and synced, not appended: a power cut leaves the old file or the new one.
+  write_atomic "$MDADM_CONF" "$(stat -c %a "$MDADM_CONF" 2>/dev/null || echo 644)" "$text"
   changed=1
 fi
 

@@ -2,7 +2,8 @@
 set -euo pipefail
 # Step 50, mount: the array's XFS in /etc/fstab by filesystem UUID, then mounted.
 # The fstab line is added once and replaced (never duplicated) when its options or mountpoint
-# change; a line of another device for our mountpoint is refused. nofail keeps a missing array
+# change; a line of another device for our mountpoint, however its path is spelt, is refused, and
+# the step ends by checking that what is mounted there is our array. nofail keeps a missing array
 # from blocking boot; x-systemd.before= orders the mount before the unit that runs the kubelet
 # (kubelet.service, or the k3s / rke2 service, which runs the kubelet inside). Before the first
 # mount the empty mountpoint directory is made immutable (chattr +i), so if the array is ever
@@ -36,38 +37,44 @@ for u in "${KUBE_UNITS[@]}"; do
 done
 want="UUID=$uuid $mp xfs noatime,nofail,x-systemd.device-timeout=${GS_DEVICE_TIMEOUT}s$order 0 0"
 
-# fstab_unescape PATH: UNESCAPED becomes PATH with fstab's octal escapes decoded.
-fstab_unescape() {
-  UNESCAPED=${1//\\040/ }
-  UNESCAPED=${UNESCAPED//\\011/$'\t'}
-  UNESCAPED=${UNESCAPED//\\134/\\}
-}
-
+# Each line is compared by the directory its target names (fstab_paths): `mount PATH` and the boot
+# take a line written `/mnt/models/` or `/mnt//models` for /mnt/models, so such a line of another
+# filesystem would be mounted in place of ours.
+fstab_paths
 changed=0 found=0 lines=() old_targets=() replaced=()
-if [[ -e /etc/fstab ]]; then
-  while IFS= read -r line || [[ -n $line ]]; do
-    read -r source target _ <<<"$line"
-    # A device path other than ours for the same array (/dev/md/1, /dev/disk/by-id/md-uuid-…), as
-    # preflight reads it (an adopted role's line may name the array so).
-    src_real=""
-    [[ $source != /dev/* ]] || src_real=$(readlink -f -- "$source")
-    if [[ $source == "UUID=$uuid" || $source == "$md" || $src_real == "$real" ]]; then
-      if [[ $line == "$want" ]] && ((found == 0)); then
-        found=1
-        lines+=("$line")
-      else
-        fstab_unescape "$target"
-        [[ $UNESCAPED == "$GS_MOUNTPOINT" ]] || old_targets+=("$UNESCAPED")
-        replaced+=("$line")
-      fi
-      continue
+for i in "${!FSTAB_LINES[@]}"; do
+  line=${FSTAB_LINES[i]} source=${FSTAB_SOURCES[i]} path=${FSTAB_PATHS[i]}
+  # Ours by any name mount(8) resolves to our device: UUID= (quoted or not), a device path other
+  # than ours (/dev/md/1, /dev/disk/by-id/md-uuid-…: an adopted role's line may name it so), a
+  # LABEL= its filesystem carries. `-ef` compares the device nodes the paths lead to.
+  tag=${source%%=*} value=${source#*=}
+  value=${value#\"}
+  value=${value%\"}
+  ours=0
+  case $source in
+    UUID=*) [[ $value != "$uuid" ]] || ours=1 ;;
+    LABEL=* | PARTUUID=* | PARTLABEL=*) [[ ! /dev/disk/by-${tag,,}/$value -ef $real ]] || ours=1 ;;
+    /dev/*) [[ ! $source -ef $real ]] || ours=1 ;;
+  esac
+  if ((ours)); then
+    # Ours under any spelling of any mountpoint: replaced by our line (the old mountpoint, if it was
+    # another directory, is moved below).
+    if [[ $line == "$want" ]] && ((found == 0)); then
+      found=1
+      lines+=("$line")
+    else
+      [[ -z $path || $path == "$MP_PATH" ]] || old_targets+=("$path")
+      replaced+=("$line")
     fi
-    if [[ $source != \#* && $target == "$mp" ]]; then
-      die "/etc/fstab already mounts $source at $GS_MOUNTPOINT; remove that line or choose another storage.mountpoint"
-    fi
-    lines+=("$line")
-  done </etc/fstab
-fi
+    continue
+  fi
+  # Another filesystem's line is the operator's: never dropped, refused. Its options may hold a
+  # password (cifs), so the message names its line number, source and target only.
+  if [[ -n $path && $path == "$MP_PATH" ]]; then
+    die "/etc/fstab line $((i + 1)) mounts $source at ${FSTAB_TARGETS[i]}, which is storage.mountpoint $GS_MOUNTPOINT: 'mount $GS_MOUNTPOINT' and the next boot would mount that instead of our array. Remove or comment out that line (or choose another storage.mountpoint), then run pulumi up again"
+  fi
+  lines+=("$line")
+done
 if ((found == 0)); then
   lines+=("$want")
 fi
@@ -82,7 +89,7 @@ while read -r majmin target; do
 done < <(findmnt -rn -o MAJ:MIN,TARGET || true)
 move=() others=()
 for target in "${mounts[@]}"; do
-  [[ $target != "$GS_MOUNTPOINT" ]] || continue
+  [[ $target != "$MP_PATH" ]] || continue
   old=0
   for o in "${old_targets[@]}"; do
     [[ $o != "$target" ]] || old=1
@@ -99,11 +106,24 @@ fi
 # Under a mount of ours the new folder would be made inside the volume, and after the unmount the
 # old mountpoint is an empty immutable folder in which nothing can be made.
 for target in "${mounts[@]}" "${old_targets[@]}"; do
-  [[ $GS_MOUNTPOINT != "${target%/}"/* ]] || die "storage.mountpoint $GS_MOUNTPOINT is inside $target, where the model filesystem is (or was) mounted; choose a path outside it. Nothing was changed"
+  [[ $MP_PATH != "${target%/}"/* ]] || die "storage.mountpoint $GS_MOUNTPOINT is inside $target, where the model filesystem is (or was) mounted; choose a path outside it. Nothing was changed"
 done
-current=$(findmnt -rn -o SOURCE --mountpoint "$GS_MOUNTPOINT" || true)
-if [[ -n $current && $current != "$real" ]]; then
-  die "$current is mounted at $GS_MOUNTPOINT, not our array $md; unmount it or choose another storage.mountpoint"
+# at_mountpoint: AT_NUM, AT_ROOT and AT_SOURCE become the device number, the folder of its
+# filesystem and the source of what is mounted at MP_PATH now (the last mount there, the one on top);
+# all "" when nothing is. Ours is our device from its root (a bind mount of a folder of it is not).
+at_mountpoint() {
+  local out
+  AT_NUM="" AT_ROOT="" AT_SOURCE=""
+  out=$(findmnt -rn -o MAJ:MIN,FSROOT,SOURCE --mountpoint "$MP_PATH" || true)
+  [[ -n $out ]] || return 0
+  read -r AT_NUM AT_ROOT AT_SOURCE <<<"${out##*$'\n'}"
+  printf -v AT_ROOT '%b' "$AT_ROOT" # findmnt -r writes blanks as \x20
+  printf -v AT_SOURCE '%b' "$AT_SOURCE"
+}
+at_mountpoint
+current=$AT_NUM
+if [[ -n $current && ($current != "$dev_num" || $AT_ROOT != /) ]]; then
+  die "${AT_SOURCE:-another filesystem} is mounted at $GS_MOUNTPOINT, not our array $md; unmount it or choose another storage.mountpoint"
 fi
 # Made before the old mountpoint is unmounted, so that a path that cannot be made leaves it mounted.
 if [[ -z $current && ! -d $GS_MOUNTPOINT ]]; then
@@ -234,6 +254,17 @@ if [[ -z $current ]]; then
   changed=1
 else
   say "$GS_MOUNTPOINT is mounted, unchanged"
+fi
+# The last word before "mounted": mount(8) took the path to an fstab line, and only what is mounted
+# there now says whose it was. Whatever a line says, another filesystem is never reported as ours.
+at_mountpoint
+if [[ $AT_NUM != "$dev_num" || $AT_ROOT != / ]]; then
+  what=${AT_SOURCE:-nothing}
+  if [[ -z $current && -n $AT_NUM ]]; then
+    umount -- "$MP_PATH" || true
+    what+=" (unmounted again)"
+  fi
+  die "after 'mount $GS_MOUNTPOINT', $what is mounted there, not our array $md (device $dev_num). See which line mount(8) takes for it: 'findmnt --fstab --target $GS_MOUNTPOINT'; remove that line or choose another storage.mountpoint, then run pulumi up again"
 fi
 
 result=unchanged

@@ -568,6 +568,63 @@ array_uuid() {
   mdadm --detail --export "$1" 2>/dev/null | sed -n 's/^MD_UUID=//p' || true
 }
 
+# fstab_unescape FIELD: UNESCAPED becomes FIELD as libmount reads it: each backslash followed by three
+# octal digits is that byte (fstab writes a blank as \040, but any byte may be written so: \155 is
+# "m"); any other backslash stays.
+fstab_unescape() {
+  local s=$1 c
+  UNESCAPED=""
+  while [[ $s == *\\* ]]; do
+    UNESCAPED+=${s%%\\*}
+    s=${s#*\\}
+    if [[ $s == [0-7][0-7][0-7]* ]]; then
+      printf -v c %b "\\0${s:0:3}"
+      UNESCAPED+=$c
+      s=${s:3}
+    else
+      UNESCAPED+=\\
+    fi
+  done
+  UNESCAPED+=$s
+}
+
+# fstab_paths: reads /etc/fstab. FSTAB_LINES holds its lines, FSTAB_SOURCES and FSTAB_TARGETS their
+# first two fields as written, FSTAB_PATHS the directory each target names: decoded and canonical
+# (`readlink -m`: symlinks resolved, `.`, `..`, doubled and trailing slashes gone), as mount(8) and
+# systemd's fstab generator find a line for a path; "" for comments, blank lines and targets that are
+# no path (swap, none). MP_PATH is GS_MOUNTPOINT made canonical the same way. So `/mnt/models/`,
+# `/mnt//models`, `/mnt/./models`, `/mnt/\155odels` or a path through a symlink are all /mnt/models.
+# shellcheck disable=SC2034  # FSTAB_*, MP_PATH are read by the steps
+fstab_paths() {
+  local line source target i=0 p paths=() at=() out=()
+  FSTAB_LINES=() FSTAB_SOURCES=() FSTAB_TARGETS=() FSTAB_PATHS=()
+  if [[ -e /etc/fstab ]]; then
+    while IFS= read -r line || [[ -n $line ]]; do
+      source="" target=""
+      read -r source target _ <<<"$line"
+      FSTAB_LINES+=("$line") FSTAB_SOURCES+=("$source") FSTAB_TARGETS+=("$target") FSTAB_PATHS+=("")
+      if [[ $source != \#* && $target == /* ]]; then
+        fstab_unescape "$target"
+        paths+=("$UNESCAPED") at+=("$i")
+      fi
+      i=$((i + 1))
+    done </etc/fstab
+  fi
+  # One readlink for all (NUL-separated: a decoded path may hold a newline). It leaves out a path it
+  # cannot resolve (a symlink loop): then each on its own, such a path kept as written.
+  mapfile -d '' -t out < <(readlink -m -z -- "$GS_MOUNTPOINT" "${paths[@]}" 2>/dev/null || true)
+  if ((${#out[@]} != ${#paths[@]} + 1)); then
+    out=()
+    for p in "$GS_MOUNTPOINT" "${paths[@]}"; do
+      out+=("$(readlink -m -- "$p" 2>/dev/null || printf '%s' "$p")")
+    done
+  fi
+  MP_PATH=${out[0]}
+  for i in "${!at[@]}"; do
+    FSTAB_PATHS[at[i]]=${out[i + 1]}
+  done
+}
+
 # write_atomic PATH MODE TEXT: replace PATH by TEXT (written as is) so that a crash at any moment
 # leaves the old file or the new one, never an empty one: the new file reaches the disk before
 # the rename, and the rename before we go on (XFS may commit a rename ahead of the data, and an
