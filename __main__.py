@@ -22,6 +22,7 @@ grant = reference_grant(config.cluster, config.models)
 cluster = ClusterBase("cluster", ClusterArgs(config.cluster, adapter_rules=rules, hold_grant=grant, nodes=tuple(config.nodes)),
                       opts=kubernetes)
 
+cache_nodes = config.cache_nodes()  # modelStorage.type nodeCache: every one of them serves from its own array
 nodes = gpu_nodes(
     [
         GpuNodeArgs(
@@ -29,6 +30,7 @@ nodes = gpu_nodes(
             cluster=config.cluster,
             private_key=stacks.secret(node.ssh.private_key_secret),
             host_key=stacks.secret(node.ssh.host_key_secret) if node.ssh.host_key_secret else None,
+            caches_models=node in cache_nodes,
         )
         for node in config.nodes
     ],
@@ -36,13 +38,14 @@ nodes = gpu_nodes(
 )
 
 storage_node = config.node(config.model_storage.node) if config.model_storage.type == "local" else None
+mounted_at = storage_node or (cache_nodes[0] if cache_nodes else None)
 model_storage = ModelStorage(
     "model-storage",
     ModelStorageArgs(
         storage=config.model_storage,
         namespace=config.cluster.namespace,
         capacity_gib=config.capacity_gib,
-        mountpoint=storage_node.storage.mountpoint if storage_node and storage_node.storage else None,
+        mountpoint=mounted_at.storage.mountpoint if mounted_at and mounted_at.storage else None,
         # The PV waits for the storage node's last disk step: the array is mounted at its configured size.
         # Not for the whole ClusterBase: its monitoring objects (adapter rules) are no business of the volume.
         ready=nodes[storage_node.name].storage_ready if storage_node else [],
@@ -78,6 +81,7 @@ services = [
             rollout_salt=stacks.secret(ROLLOUT_SALT_SECRET) if config.rolls_on_api_key else None,
             namespace=cluster.namespace,
             after=(*cluster.serving_needs, *labelled_for(nodes, model.gpu_product)),
+            holders={node.name: nodes[node.name].node_patch for node in config.holders(model)} if cache_nodes else {},
         ),
         opts=kubernetes,
     )

@@ -7,19 +7,30 @@ from dataclasses import dataclass, field
 import pulumi
 import pulumi_kubernetes as k8s
 
-from stacks.config import ClassStorage, LocalStorage, NfsStorage
+from stacks.config import ClassStorage, LocalStorage, NfsStorage, NodeCacheStorage
 
 LABELS = {"app.kubernetes.io/part-of": "gpu-serving", "app.kubernetes.io/component": "model-storage"}
+
+Storage = LocalStorage | NfsStorage | ClassStorage | NodeCacheStorage
+
+CACHE_READY = "ready"
+
+
+def cache_label(namespace: str) -> str:
+    """The node label (value `ready`) of a node whose array a stack's node-cache volume may use: set on each cache
+    node once its array is mounted. The volume selects nodes by it, not by a list of hostnames, because a
+    PersistentVolume's node affinity cannot change after creation: adding or removing a node never touches it."""
+    return f"cache.gpu-serving.io/{namespace}"
 
 
 @dataclass(frozen=True)
 class ModelStorageArgs:
-    storage: LocalStorage | NfsStorage | ClassStorage
+    storage: Storage
     namespace: str
     capacity_gib: int
     """Derived from the partition for local storage (`stacks.config.usable_gib`), never typed by hand."""
     mountpoint: str | None = None
-    """The node's RAID mountpoint; required for local storage."""
+    """The nodes' RAID mountpoint; required for local storage and the node cache."""
     ready: list[pulumi.Resource] = field(default_factory=list)
     """Resources that must exist first, e.g. the node step that mounts the array."""
     namespace_ref: pulumi.Input[str] | None = None
@@ -29,8 +40,9 @@ class ModelStorageArgs:
     """Metadata annotations of the volume and the claim (components.cluster.applied_annotations)."""
 
 
-def access_mode(storage: LocalStorage | NfsStorage | ClassStorage) -> str:
-    return "ReadWriteOnce" if storage.type == "local" else "ReadWriteMany"
+def access_mode(storage: Storage) -> str:
+    # A node cache is one `local` volume on every cache node: each pod mounts its own node's directory.
+    return "ReadWriteOnce" if storage.type in ("local", "nodeCache") else "ReadWriteMany"
 
 
 def pv_name(namespace: str, name: str) -> str:
@@ -50,9 +62,11 @@ def persistent_volume_spec(args: ModelStorageArgs) -> k8s.core.v1.PersistentVolu
         claim_ref=k8s.core.v1.ObjectReferenceArgs(namespace=args.namespace, name=storage.name),
         volume_mode="Filesystem",
     )
-    if storage.type == "local":
+    if storage.type in ("local", "nodeCache"):
         if not args.mountpoint:
-            raise ValueError("local model storage needs the node's mountpoint")
+            raise ValueError("node-local model storage needs the nodes' mountpoint")
+        # One node by hostname, or every node carrying the stack's cache label.
+        key, value = ("kubernetes.io/hostname", storage.node) if storage.type == "local" else (cache_label(args.namespace), CACHE_READY)
         return k8s.core.v1.PersistentVolumeSpecArgs(
             **common,
             local=k8s.core.v1.LocalVolumeSourceArgs(path=args.mountpoint),
@@ -60,11 +74,7 @@ def persistent_volume_spec(args: ModelStorageArgs) -> k8s.core.v1.PersistentVolu
                 required=k8s.core.v1.NodeSelectorArgs(
                     node_selector_terms=[
                         k8s.core.v1.NodeSelectorTermArgs(
-                            match_expressions=[
-                                k8s.core.v1.NodeSelectorRequirementArgs(
-                                    key="kubernetes.io/hostname", operator="In", values=[storage.node]
-                                )
-                            ]
+                            match_expressions=[k8s.core.v1.NodeSelectorRequirementArgs(key=key, operator="In", values=[value])]
                         )
                     ]
                 )
@@ -94,7 +104,7 @@ def claim_request(args: ModelStorageArgs) -> str:
     return STATIC_CLAIM_REQUEST if is_static(args.storage) else f"{args.capacity_gib}Gi"
 
 
-def is_static(storage: LocalStorage | NfsStorage | ClassStorage) -> bool:
+def is_static(storage: Storage) -> bool:
     return storage.type != "storageClass"
 
 

@@ -151,7 +151,7 @@ def test_a_misspelt_top_level_key_suggests_the_closest_one() -> None:
     ("path", "value", "expected"),
     [
         ("modelStorage", {"type": "hostpath", "node": "k8s-worker-02", "path": "/x" * 100},
-         "modelStorage.type: must be one of 'local', 'nfs', 'storageClass' (got 'hostpath')"),
+         "modelStorage.type: must be one of 'local', 'nfs', 'storageClass', 'nodeCache' (got 'hostpath')"),
         ("models.0.replicas", [1, 2] * 50, "models[0].replicas: must be a mapping of keys to values (got a list)"),
         ("models", {"name": "qwen3", "huggingFaceId": "Qwen/Qwen3-8B-AWQ" * 10}, "models: must be a list (got a mapping)"),
         ("cluster", "ai", "cluster: must be a mapping of keys to values (got 'ai')"),

@@ -12,7 +12,7 @@ from typing import Any, Literal, get_args, get_origin
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
-from stacks.config import ClassStorage, LocalStorage, NfsStorage, StackConfig
+from stacks.config import ClassStorage, LocalStorage, NfsStorage, NodeCacheStorage, StackConfig
 from tools.render import ROOT
 
 PAGE = ROOT / "docs" / "configuration.md"
@@ -69,7 +69,7 @@ def rows(model: type[BaseModel], prefix: str) -> list[str]:
         nested = _models_in(field.annotation)
         list_suffix = "[]" if get_origin(field.annotation) is list else ""
         for sub in nested:
-            if sub in (LocalStorage, NfsStorage, ClassStorage):
+            if sub in (LocalStorage, NfsStorage, ClassStorage, NodeCacheStorage):
                 continue
             lines += rows(sub, f"{key}{list_suffix}.")
     return lines
@@ -78,7 +78,7 @@ def rows(model: type[BaseModel], prefix: str) -> list[str]:
 def reference() -> str:
     header = "| key | type | default | meaning |\n|---|---|---|---|"
     parts = [header, *rows(StackConfig, "gpu-serving:")]
-    for variant in (LocalStorage, NfsStorage, ClassStorage):
+    for variant in (LocalStorage, NfsStorage, ClassStorage, NodeCacheStorage):
         parts.append(f"| *modelStorage, `type: {variant.model_fields['type'].annotation.__args__[0]}`* | | | "
                      f"{' '.join((variant.__doc__ or '').split())} |")
         parts += [r for r in rows(variant, "gpu-serving:modelStorage.") if "modelStorage.type`" not in r]

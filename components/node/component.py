@@ -43,6 +43,8 @@ class GpuNodeArgs:
     extra_depends_on: list[pulumi.Resource] = field(default_factory=list)
     runtime_after: pulumi.Resource | None = None
     """The previous node's runtime step: this node's runtime step waits for it (`gpu_nodes` sets it)."""
+    caches_models: bool = False
+    """A node of the stack's node cache (`modelStorage.type: nodeCache`): labelled for the cache volume once its array is mounted."""
 
 
 class GpuNode(pulumi.ComponentResource):
@@ -114,20 +116,22 @@ class GpuNode(pulumi.ComponentResource):
                  "mountpoint": None, "usableBytes": 0, "health": "no disk work"}
             )
 
-        # Labels and taint only once the runtime can start GPU containers.
+        # Labels and taint only once the runtime can start GPU containers, and on a cache node once its array is
+        # mounted: the cache volume's pods may land wherever the label is.
         runtime = self.runtime_step = self.commands.get(RUNTIME_STEP)
+        labelled_after = ([runtime] if runtime else []) + (self.storage_ready if args.caches_models else [])
         self.node_patch = k8s.core.v1.NodePatch(
             f"{node.name}-gpu",
             metadata=k8s.meta.v1.ObjectMetaPatchArgs(
                 name=node.name,
-                labels=node_labels(node, cluster),
+                labels=node_labels(node, cluster, args.caches_models),
                 # Server-side apply: take over these fields even if kubectl set them before.
                 annotations={"pulumi.com/patchForce": "true"},
             ),
             spec=k8s.core.v1.NodeSpecPatchArgs(
                 taints=[k8s.core.v1.TaintPatchArgs(**taint) for taint in node_taints(cluster)],
             ),
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[runtime] if runtime else []),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=labelled_after),
         )
         self.register_outputs({"storage": self.outputs, "nodeName": node.name})
 

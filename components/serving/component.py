@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pulumi
@@ -25,7 +25,17 @@ from components.serving.gateway import httproute_spec
 from components.serving.hold import SKIP_SCALED_OBJECT, held_url, hold_service_spec, http_scaled_object
 from components.serving.jobs import job_spec, smoke_deadline_seconds, smoke_job_name, smoke_job_spec
 from components.serving.monitoring import pod_monitor_spec, prometheus_rule_spec
-from components.serving.names import download_job_name, hold_name, labels, object_name, secret_name
+from components.serving.names import (
+    WEIGHTS_VERIFIED,
+    download_digest,
+    download_job_name,
+    hold_name,
+    labels,
+    node_download_job_name,
+    object_name,
+    secret_name,
+    weights_label,
+)
 from components.serving.server import deployment_spec
 from stacks.config import ClusterConfig, Model
 from stacks.config.budgets import IMAGE_PULL_S, deployment_timeout_seconds, download_deadline_seconds
@@ -50,6 +60,9 @@ class VllmServiceArgs:
     after: tuple[pulumi.Resource, ...] = ()
     """What the serving pods need first: cluster-wide objects (ClusterBase.serving_needs: the PriorityClass)
     and the label patches of the nodes they select (components.node.labelled_for)."""
+    holders: dict[str, pulumi.Resource] = field(default_factory=dict)
+    """With a node cache (`modelStorage.type: nodeCache`): the nodes that hold the model's weights, each with what
+    labels it a cache node (GpuNode.node_patch); `claim_name` is then the cache's claim. Empty: one shared volume."""
 
 
 def credentials_note(model: Model, namespace: str) -> str:
@@ -102,19 +115,18 @@ class VllmService(pulumi.ComponentResource):
             ))
 
         pull_and_download = IMAGE_PULL_S + download_deadline_seconds(model.disk_gb)
-        job = k8s.batch.v1.Job(
-            f"{name}-download",
-            metadata=meta(download_job_name(model), "model-download"),
-            spec=job_spec(model, cluster, args.claim_name, args.storage_is_local),
-            opts=pulumi.ResourceOptions(
-                parent=self,
-                depends_on=secrets,
-                # Any other change to an immutable Job replaces it under the same name.
-                delete_before_replace=True,
-                # Pulumi waits for completion (the Deployment must not start before the files exist).
-                custom_timeouts=pulumi.CustomTimeouts(create=f"{pull_and_download}s", update=f"{pull_and_download}s"),
-            ),
-        )
+        # Any other change to an immutable Job replaces it under the same name; Pulumi waits for completion
+        # (the Deployment must not start before the files exist).
+        download_wait = pulumi.CustomTimeouts(create=f"{pull_and_download}s", update=f"{pull_and_download}s")
+        if not args.holders:
+            downloaded: list[pulumi.Resource] = [k8s.batch.v1.Job(
+                f"{name}-download",
+                metadata=meta(download_job_name(model), "model-download"),
+                spec=job_spec(model, cluster, args.claim_name, args.storage_is_local),
+                opts=pulumi.ResourceOptions(parent=self, depends_on=secrets, delete_before_replace=True, custom_timeouts=download_wait),
+            )]
+        else:
+            downloaded = self._fill_caches(name, args, meta, secrets, download_wait)
 
         rollout = f"{deployment_timeout_seconds(model.weights_gb)}s"
         key_annotation = (
@@ -124,10 +136,10 @@ class VllmService(pulumi.ComponentResource):
         deployment = k8s.apps.v1.Deployment(
             f"{name}-deployment",
             metadata=meta(base, "inference-server"),
-            spec=deployment_spec(model, cluster, args.claim_name, uses_api_key, key_annotation),
+            spec=deployment_spec(model, cluster, args.claim_name, uses_api_key, key_annotation, cached=bool(args.holders)),
             opts=pulumi.ResourceOptions(
                 parent=self,
-                depends_on=[job, *secrets, *args.after],
+                depends_on=[*downloaded, *secrets, *args.after],
                 custom_timeouts=pulumi.CustomTimeouts(create=rollout, update=rollout),
             ),
         )
@@ -251,3 +263,29 @@ class VllmService(pulumi.ComponentResource):
                 "deployment": deployment.metadata.apply(lambda m: m.name),
             }
         )
+
+    def _fill_caches(
+        self, name: str, args: VllmServiceArgs, meta: Any, secrets: list[pulumi.Resource], wait: pulumi.CustomTimeouts,
+    ) -> list[pulumi.Resource]:
+        """A download Job per holding node, pinned to it, and once it completed the node's weights label, which the
+        serving pods require: a pod never starts where the copy is not complete, and a new revision is on every
+        holding node before the Deployment (which waits for all of them) rolls. The label's resource is named by the
+        revision, so the old label goes only when the `pulumi up` ends; removing a node deletes its Job and label,
+        never its files."""
+        model, namespace = args.model, args.cluster.namespace
+        done: list[pulumi.Resource] = []
+        for node, cache_node in args.holders.items():
+            job = k8s.batch.v1.Job(
+                f"{name}-download-{node}",
+                metadata=meta(node_download_job_name(model, node), "model-download"),
+                spec=job_spec(model, args.cluster, args.claim_name, True, node=node),
+                opts=pulumi.ResourceOptions(parent=self, depends_on=[*secrets, cache_node], delete_before_replace=True,
+                                            custom_timeouts=wait),
+            )
+            done.append(job)
+            done.append(k8s.core.v1.NodePatch(
+                f"{node}-{name}-weights-{download_digest(model)}",
+                metadata=k8s.meta.v1.ObjectMetaPatchArgs(name=node, labels={weights_label(model, namespace): WEIGHTS_VERIFIED}),
+                opts=pulumi.ResourceOptions(parent=self, depends_on=[job]),
+            ))
+        return done

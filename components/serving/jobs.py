@@ -180,8 +180,12 @@ def download_failure_policy() -> k8s.batch.v1.PodFailurePolicyArgs:
     ])
 
 
-def job_spec(model: Model, cluster: ClusterConfig, claim_name: pulumi.Input[str], storage_is_local: bool) -> k8s.batch.v1.JobSpecArgs:
-    """The download Job. The marker file makes a re-run of a finished download a no-op."""
+def job_spec(
+    model: Model, cluster: ClusterConfig, claim_name: pulumi.Input[str], storage_is_local: bool, node: str | None = None,
+) -> k8s.batch.v1.JobSpecArgs:
+    """The download Job. The marker file makes a re-run of a finished download a no-op. With `node`, the download
+    onto that cache node's array: pinned by its hostname label through the scheduler, not `nodeName`, which
+    bypasses it and which the Node authorizer then refuses the claim (KServe's cache met it: kserve#5502)."""
     command, repos_env = download_command(model)
     download = k8s.core.v1.ContainerArgs(
         name="download",
@@ -220,7 +224,8 @@ def job_spec(model: Model, cluster: ClusterConfig, claim_name: pulumi.Input[str]
         ],
         # No GPU. Node-local storage: the PV's node affinity already picks the storage
         # node, which is a GPU node, so only its taint needs tolerating.
-        tolerations=[gpu_toleration(cluster)] if storage_is_local else None,
+        tolerations=[gpu_toleration(cluster)] if storage_is_local or node is not None else None,
+        node_selector={"kubernetes.io/hostname": node} if node is not None else None,
     )
 
 

@@ -62,11 +62,33 @@ def labels(model: Model, component: str) -> dict[str, str]:
 def download_job_name(model: Model) -> str:
     """Named after what it downloads (the model and its adapters): a new (id, revision) is a new Job, which Pulumi creates and
     awaits. Jobs are immutable, so re-running a failed one is `pulumi up --replace <its URN>`."""
+    return f"{object_name(model)}-dl-{download_digest(model)}"
+
+
+def download_digest(model: Model) -> str:
+    """Eight hex digits naming what a model downloads (its repository and revision, and its adapters')."""
     fetched = f"{model.hugging_face_id}@{model.revision}"
     if model.lora:  # a model alone keeps the name it always had
         fetched += "".join(f" {a.hugging_face_id}@{a.revision}" for a in model.lora.adapters)
-    digest = hashlib.sha256(fetched.encode()).hexdigest()[:8]
-    return f"{object_name(model)}-dl-{digest}"
+    return hashlib.sha256(fetched.encode()).hexdigest()[:8]
+
+
+def node_download_job_name(model: Model, node: str) -> str:
+    """The download Job of a model onto one cache node: a node name may be 253 characters, so a digest of it.
+    At most 63 characters: `vllm-` + a 40-character model name + `-dl-` + 8 + `-` + 5."""
+    return f"{download_job_name(model)}-{hashlib.sha256(node.encode()).hexdigest()[:5]}"
+
+
+WEIGHTS_VERIFIED = "verified"
+
+
+def weights_label(model: Model, namespace: str) -> str:
+    """The node label (value `verified`) that says a cache node holds this revision of the model's weights: set by
+    Pulumi after the node's download Job completed, required by the model's pods. Keyed by what was downloaded,
+    so a new revision is a new label, set on every node that holds it before the pods roll, and the old one
+    stays on the nodes until the `pulumi up` ends (an old pod rescheduled meanwhile still finds its copy).
+    `kubectl get nodes -l <key>` lists the nodes that hold it."""
+    return f"{model.name}.{namespace}.weights.gpu-serving.io/{download_digest(model)}"
 
 
 MARKER_DIR = f"{STATE_DIR}/downloads"

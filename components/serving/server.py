@@ -8,7 +8,16 @@ import pulumi_kubernetes as k8s
 from components.serving.autoscaling import autoscaler
 from components.serving.drain import grace_period_seconds, lifecycle, shutdown_args
 from components.serving.lora import lora_args, lora_env
-from components.serving.names import DOWNLOAD_DIR, MODEL_MOUNT, PORT, labels, secret_name, selector_labels
+from components.serving.names import (
+    DOWNLOAD_DIR,
+    MODEL_MOUNT,
+    PORT,
+    WEIGHTS_VERIFIED,
+    labels,
+    secret_name,
+    selector_labels,
+    weights_label,
+)
 from components.serving.profile import container_security_context, pod_security_context, profile_env, scratch_volumes
 from components.serving.sizing import memory_limit, shm_size_gi
 from stacks.config import ClusterConfig, Model
@@ -94,10 +103,30 @@ def server_env(model: Model, api_key: bool) -> list[k8s.core.v1.EnvVarArgs]:
     return env
 
 
-def node_selector(model: Model, cluster: ClusterConfig) -> dict[str, str]:
-    if model.gfd_product is not None:
-        return {GFD_PRODUCT_LABEL: model.gfd_product}
-    return {cluster.gpu_product_label: model.gpu_product}
+def node_selector(model: Model, cluster: ClusterConfig, cached: bool = False) -> dict[str, str]:
+    """The GPU product; from a node cache, also the label that says the node holds this revision's weights (the gate:
+    a pod never starts on a node whose copy is not complete)."""
+    product = {GFD_PRODUCT_LABEL: model.gfd_product} if model.gfd_product is not None else {cluster.gpu_product_label: model.gpu_product}
+    return product | ({weights_label(model, cluster.namespace): WEIGHTS_VERIFIED} if cached else {})
+
+
+NODE_LOSS_TAINTS = ("node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready")
+
+
+def node_loss_tolerations(cluster: ClusterConfig) -> list[k8s.core.v1.TolerationArgs]:
+    """How long a pod stays bound to a lost node before it is evicted and rescheduled on another holder. Eviction by
+    these taints does not consult the PodDisruptionBudget (a drain does); Kubernetes would wait 300 s."""
+    return [k8s.core.v1.TolerationArgs(key=key, operator="Exists", effect="NoExecute",
+                                       toleration_seconds=cluster.node_loss_eviction_seconds) for key in NODE_LOSS_TAINTS]
+
+
+def spread(model: Model) -> list[k8s.core.v1.TopologySpreadConstraintArgs]:
+    """One replica per node while there are nodes to spare. ScheduleAnyway: a full or lost node never leaves a replica
+    Pending; `pod-template-hash` counts only the pods of the same rollout."""
+    return [k8s.core.v1.TopologySpreadConstraintArgs(
+        max_skew=1, topology_key="kubernetes.io/hostname", when_unsatisfiable="ScheduleAnyway",
+        label_selector=k8s.meta.v1.LabelSelectorArgs(match_labels=selector_labels(model)), match_label_keys=["pod-template-hash"],
+    )]
 
 
 def gpu_toleration(cluster: ClusterConfig) -> k8s.core.v1.TolerationArgs:
@@ -128,7 +157,11 @@ def resources(model: Model, shm_gi: int) -> k8s.core.v1.ResourceRequirementsArgs
     )
 
 
-def pod_spec(model: Model, cluster: ClusterConfig, claim_name: pulumi.Input[str], api_key: bool) -> k8s.core.v1.PodSpecArgs:
+def pod_spec(
+    model: Model, cluster: ClusterConfig, claim_name: pulumi.Input[str], api_key: bool, cached: bool = False,
+) -> k8s.core.v1.PodSpecArgs:
+    """`cached`: the claim is the stack's node cache (modelStorage.type nodeCache): the pods run only on nodes that hold
+    the weights, spread over them, and leave a lost node after `cluster.nodeLossEvictionSeconds`."""
     shm = shm_size_gi(model.gpus_per_replica)
     scratch, scratch_mounts = scratch_volumes(model)
     return k8s.core.v1.PodSpecArgs(
@@ -155,8 +188,9 @@ def pod_spec(model: Model, cluster: ClusterConfig, claim_name: pulumi.Input[str]
             k8s.core.v1.VolumeArgs(name="dshm", empty_dir=k8s.core.v1.EmptyDirVolumeSourceArgs(medium="Memory", size_limit=f"{shm}Gi")),
             *scratch,
         ],
-        node_selector=node_selector(model, cluster),
-        tolerations=[gpu_toleration(cluster)],
+        node_selector=node_selector(model, cluster, cached),
+        tolerations=[gpu_toleration(cluster), *(node_loss_tolerations(cluster) if cached else [])],
+        topology_spread_constraints=spread(model) if cached else None,
         runtime_class_name=cluster.runtime_class_name,
         # Service links would put e.g. VLLM_PORT=tcp://… into the env for a Service named `vllm`,
         # which vLLM reads as its own setting and refuses to start.
@@ -179,7 +213,7 @@ def scrape_annotations(cluster: ClusterConfig) -> dict[str, str] | None:
 
 def deployment_spec(
     model: Model, cluster: ClusterConfig, claim_name: pulumi.Input[str], api_key: bool,
-    rollout_annotations: dict[str, pulumi.Input[str]] | None = None,
+    rollout_annotations: dict[str, pulumi.Input[str]] | None = None, cached: bool = False,
 ) -> k8s.apps.v1.DeploymentSpecArgs:
     """`rollout_annotations` go on the pod template: a change rolls the pods (credentials.api_key_annotation)."""
     scaled = autoscaler(cluster, model) != "none"
@@ -200,6 +234,6 @@ def deployment_spec(
                 labels=labels(model, "inference-server"),
                 annotations={**(scrape_annotations(cluster) or {}), **(rollout_annotations or {})} or None,
             ),
-            spec=pod_spec(model, cluster, claim_name, api_key),
+            spec=pod_spec(model, cluster, claim_name, api_key, cached),
         ),
     )

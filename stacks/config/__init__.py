@@ -16,12 +16,12 @@ from stacks.config.models import BUNDLE_ENV, BUNDLE_FLAGS, MODEL_NAME_MAX, SECRE
 from stacks.config.nodes import Gpu, Node, NodeStorage, Ssh, partition_bytes, size_gb_for
 from stacks.config.sharing import Mig, Sharing, TimeSlicing
 from stacks.config.stack import ROLLOUT_SALT_SECRET, StackConfig
-from stacks.config.storage import ClassStorage, LocalStorage, ModelStorageConfig, NfsStorage, usable_gib
+from stacks.config.storage import ClassStorage, LocalStorage, ModelStorageConfig, NfsStorage, NodeCacheStorage, usable_gib
 
 __all__ = [
     "BUNDLE_ENV", "BUNDLE_FLAGS", "MODEL_NAME_MAX", "PROJECT", "ROLLOUT_SALT_SECRET", "SECRET_LIKE", "TOP_LEVEL_KEYS",
     "ClassStorage", "ClusterConfig", "ConfigError", "DevicePlugin", "Gpu", "GpuTaint", "Ingress", "Kubeconfig",
-    "LocalStorage", "Mig", "Model", "ModelStorageConfig", "NfsStorage", "Node", "NodeStorage", "PrometheusAdapter",
+    "LocalStorage", "Mig", "Model", "ModelStorageConfig", "NfsStorage", "Node", "NodeCacheStorage", "NodeStorage", "PrometheusAdapter",
     "Replicas", "Sharing", "Ssh", "StackConfig", "TimeSlicing", "flag_name", "parse", "partition_bytes", "refuse_shrinking",
     "size_gb_for", "usable_gib",
 ]

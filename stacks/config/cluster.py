@@ -228,6 +228,12 @@ class ClusterConfig(_Model):
     request_hold: RequestHold | None = None
     """KEDA's HTTP add-on, which holds requests while a model with `replicas.min: 0` starts; unset: no model may
     scale to zero (nothing would receive its requests or wake it)."""
+    node_loss_eviction_seconds: int = Field(60, ge=0, le=3600)
+    """With `modelStorage.type: nodeCache`: how long a model pod stays bound to an unreachable or not-ready node
+    before it is evicted and rescheduled on another node that holds its weights (Kubernetes' default is 300)."""
+    survive_node_loss: bool = False
+    """A promise checked at load: with any one node gone, every model's `replicas.min` still fits the GPUs and
+    the weights of the nodes left."""
     prometheus_url: str = Field("http://prometheus-operated.monitoring.svc:9090", pattern=r"^https?://[A-Za-z0-9.:_\[\]-]+(/[A-Za-z0-9._~/-]*)?$")
     """Prometheus that KEDA queries for the vLLM queue length (autoscaling `keda`)."""
 

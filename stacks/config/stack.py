@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import Field, model_validator
 
 from stacks.config.base import SecretKeyName, _Model, _unique
-from stacks.config.checks import disks, edge, gpus, model_volume, reproducible, runtime, scaling, secret_keys
+from stacks.config.checks import disks, edge, gpus, model_volume, node_cache, reproducible, runtime, scaling, secret_keys
 from stacks.config.cluster import ClusterConfig
 from stacks.config.models import Model
 from stacks.config.nodes import Node
@@ -22,7 +22,7 @@ class StackConfig(_Model):
     nodes: list[Node] = Field(min_length=1)
     """The GPU nodes this stack prepares and labels."""
     model_storage: ModelStorageConfig
-    """Where model files live; see the three `type`s below."""
+    """Where model files live; see the four `type`s below."""
     models: list[Model] = []
     """Models to serve, one vLLM service bundle each."""
     hf_token_secret: SecretKeyName = "hfToken"
@@ -38,10 +38,12 @@ class StackConfig(_Model):
         disks.check_same_machine(self)
         disks.check_one_disk_one_node(self)
         model_volume.check_home_node(self)
+        node_cache.check_cache_nodes(self)
         for i in range(len(self.models)):
             # Model by model, every concern in turn: the first model with a problem is the one named.
             reproducible.check_revision(self, i)
             gpus.check_gfd_label(self, i)
+            node_cache.check_model_nodes(self, i)
             scaling.check_replicas(self, i)
             edge.check_ingress(self, i)
         gpus.check_demand(self)
@@ -49,6 +51,8 @@ class StackConfig(_Model):
         gpus.check_time_sliced_memory(self)
         model_volume.check_size(self)
         model_volume.check_local_pins(self)
+        node_cache.check_capacity(self)
+        node_cache.check_survive_node_loss(self)
         runtime.check_runtime_class(self)
         gpus.check_mig_plugin(self)
         runtime.check_pod_security(self)
@@ -63,14 +67,29 @@ class StackConfig(_Model):
         `storage.disks: []` is the one way to skip them, and the warning says so.
         """
         storage = self.model_storage
-        home = storage.node if storage.type == "local" else None
-        why = f"modelStorage.type is {storage.type}" if home is None else f"the model volume lives on {home}"
+        used = {storage.node} if storage.type == "local" else {n.name for n in self.cache_nodes()}
+        why = (f"the model volume lives on {storage.node}" if storage.type == "local" else
+               "it is not one of modelStorage.nodes" if storage.type == "nodeCache" else f"modelStorage.type is {storage.type}")
         return [
             f"nodes[{i}].storage.disks: {node.name} partitions, mirrors and mounts {' and '.join(node.storage.disks)} "
             f"at {node.storage.mountpoint} but nothing uses that array ({why}); set `storage.disks: []` to skip its disk steps"
             for i, node in enumerate(self.nodes)
-            if node.storage is not None and node.prepares_disks and node.name != home
-        ] + self._monitoring_warnings()
+            if node.storage is not None and node.prepares_disks and node.name not in used
+        ] + self._cache_warnings() + self._monitoring_warnings()
+
+    def _cache_warnings(self) -> list[str]:
+        """A cache node that holds no model; a model with several replicas that one node alone holds."""
+        if self.model_storage.type != "nodeCache" or not self.models:
+            return []
+        idle = [n.name for n in self.cache_nodes() if not any(n in self.holders(m) for m in self.models)]
+        warned = [f"modelStorage.nodes: {name} caches no model (no model of its product and GPU resource, or none lists it "
+                  "in models[].nodes): its array and GPUs are unused" for name in idle]
+        for i, model in enumerate(self.models):
+            holders = self.holders(model)
+            if len(holders) == 1 and model.replicas.max > 1:
+                warned.append(f"models[{i}].nodes: only {holders[0].name} holds {model.name}'s weights, so all its replicas run "
+                              "there and losing it stops the model; list another node of its product")
+        return warned
 
     def _monitoring_warnings(self) -> list[str]:
         """PodMonitors and PrometheusRules with no labels: a kube-prometheus-stack installed with its
@@ -87,6 +106,26 @@ class StackConfig(_Model):
     def node(self, name: str) -> Node | None:
         return next((n for n in self.nodes if n.name == name), None)
 
+    def cache_nodes(self) -> list[Node]:
+        """With `modelStorage.type: nodeCache`, the nodes whose arrays hold weights, in config order; else none."""
+        storage = self.model_storage
+        if storage.type != "nodeCache":
+            return []
+        names = storage.nodes if storage.nodes is not None else [n.name for n in self.nodes if n.prepares_disks]
+        return [n for n in self.nodes if n.name in names and n.prepares_disks]
+
+    def holders(self, model: Model) -> list[Node]:
+        """The nodes a model's pods may run on: of its product and advertising its GPU resource; with local storage
+        the storage node only, with nodeCache the cache nodes that hold its weights (`models[].nodes`)."""
+        fits = [n for n in self.nodes if n.gpu.product == model.gpu_product and n.gpu.advertised.get(model.gpu_resource)]
+        storage = self.model_storage
+        if storage.type == "local":
+            return [n for n in fits if n.name == storage.node]
+        if storage.type != "nodeCache":
+            return fits
+        names = model.nodes if model.nodes is not None else [n.name for n in self.cache_nodes()]
+        return [n for n in fits if n.name in names and n.prepares_disks]
+
     @property
     def capacity_gib(self) -> int:
         """Capacity of the model volume, derived from the partition for node-local storage."""
@@ -95,6 +134,10 @@ class StackConfig(_Model):
             node = self.node(storage.node)
             assert node is not None and node.storage is not None
             return usable_gib(node.storage.size_gb)
+        if storage.type == "nodeCache":
+            # The one volume's declared size is what every cache node has (the smallest array): each node's
+            # own fit is checked against its own array (checks.node_cache).
+            return min(usable_gib(n.storage.size_gb) for n in self.cache_nodes() if n.storage is not None)
         return storage.size_gi
 
     @property

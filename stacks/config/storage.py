@@ -28,6 +28,18 @@ def usable_gib(size_gb: int) -> int:
     return max(0, math.floor(raid_bytes * (1 - XFS_OVERHEAD_FRACTION) / 2**30))
 
 
+# vLLM's torch.compile and Triton caches live on the model volume (components/serving/profile.py), one
+# per model and image: each cache node keeps room for them. An allowance, not a measurement: 2 % of the
+# weights, at least 1 GB.
+COMPILE_CACHE_FRACTION = 0.02
+COMPILE_CACHE_MIN_GB = 1.0
+
+
+def compile_cache_gb(weights_gb: float) -> float:
+    """What a model's compile caches may take on a cache node's array, in GB."""
+    return max(COMPILE_CACHE_MIN_GB, weights_gb * COMPILE_CACHE_FRACTION)
+
+
 class _StorageBase(_Model):
     name: K8sName = "models"
     """Name of the PersistentVolume and its claim."""
@@ -72,4 +84,16 @@ class ClassStorage(_StorageBase):
     """Size of the claim in GiB."""
 
 
-ModelStorageConfig = Annotated[LocalStorage | NfsStorage | ClassStorage, Field(discriminator="type")]
+class NodeCacheStorage(_StorageBase):
+    """Every cache node's own array holds the models it serves: pods read their node's copy and may run on any
+    node that holds their weights, so the scheduler spreads them and moves them when a node is lost."""
+
+    type: Literal["nodeCache"]
+    name: K8sName = "model-cache"
+    """Name of the PersistentVolume (prefixed with the namespace) and its claim; not `local`'s `models`, so a
+    switch from `local` makes new ones (a PV's node affinity cannot change) and the old ones keep their files."""
+    nodes: list[NodeName] | None = Field(None, min_length=1)
+    """The cache nodes, by name; unset: every node whose `storage` prepares disks."""
+
+
+ModelStorageConfig = Annotated[LocalStorage | NfsStorage | ClassStorage | NodeCacheStorage, Field(discriminator="type")]

@@ -11,7 +11,7 @@ from stacks.config.base import _at
 from stacks.config.models import Model
 from stacks.config.nodes import Node
 from stacks.config.sharing import GPU, SHARED, resource_name
-from stacks.placement import stranded_pod
+from stacks.placement import stranded_pod_among
 
 if TYPE_CHECKING:
     from stacks.config.stack import StackConfig
@@ -37,6 +37,11 @@ def check_demand(stack: StackConfig) -> None:
         largest = max(n.gpu.advertised.get(resource, 0) for n in nodes)
         if largest == 0:
             raise _at(f"models[{i}].gpuResource", missing_resource(model, nodes))
+        holders = stack.holders(model)
+        if stack.model_storage.type == "nodeCache" and len(holders) < len(nodes):
+            # Only the nodes that hold its weights count (models[].nodes): the demand there, then the product's.
+            _check_holders(i, model, holders)
+            largest = max(n.gpu.advertised.get(resource, 0) for n in holders)
         if model.gpus_per_replica > largest:
             raise _at(
                 f"models[{i}].gpusPerReplica",
@@ -53,6 +58,20 @@ def check_demand(stack: StackConfig) -> None:
                 f"at max replicas the models need {wanted} {what} but the nodes declare {have}; "
                 f"the extra pods would stay Pending with 'Insufficient {resource_name(resource)}' — lower replicas.max or add nodes",
             )
+
+
+def _check_holders(i: int, model: Model, holders: list[Node]) -> None:
+    resource = model.gpu_resource
+    have = sum(n.gpu.advertised.get(resource, 0) for n in holders)
+    largest = max(n.gpu.advertised.get(resource, 0) for n in holders)
+    names = ", ".join(n.name for n in holders)
+    if model.gpus_per_replica > largest:
+        raise _at(f"models[{i}].nodes", f"{model.gpus_per_replica} GPUs per pod, but the largest node that holds its weights "
+                  f"({names}) has {largest}: add a larger node of its product to models[].nodes")
+    if model.replicas.max * model.gpus_per_replica > have:
+        raise _at(f"models[{i}].nodes", f"at max replicas it needs {model.replicas.max * model.gpus_per_replica} "
+                  f"{resource_name(resource)} but the nodes that hold its weights ({names}) have {have}: list more nodes "
+                  "or lower replicas.max")
 
 
 def missing_resource(model: Model, nodes: list[Node]) -> str:
@@ -74,11 +93,15 @@ def check_per_node_fit(stack: StackConfig) -> None:
     for product, resource in sorted({(m.gpu_product, m.gpu_resource) for m in stack.models}):
         nodes = [n for n in stack.nodes if n.gpu.product == product and n.gpu.advertised.get(resource)]
         models = [(i, m) for i, m in enumerate(stack.models) if (m.gpu_product, m.gpu_resource) == (product, resource)]
-        pods = [m.gpus_per_replica for _, m in models for _ in range(m.replicas.max)]
-        stranding = stranded_pod([n.gpu.advertised[resource] for n in nodes], pods)
+        # Each pod on the nodes it may run on: every node of the product, or with nodeCache those holding its weights.
+        index = {n.name: k for k, n in enumerate(nodes)}
+        allowed = {i: frozenset(index[n.name] for n in (stack.holders(m) if stack.model_storage.type == "nodeCache" else nodes))
+                   for i, m in models}
+        pods = [(m.gpus_per_replica, allowed[i]) for i, m in models for _ in range(m.replicas.max)]
+        stranding = stranded_pod_among([n.gpu.advertised[resource] for n in nodes], pods)
         if stranding is None:
             continue
-        i = next(i for i, m in models if m.gpus_per_replica == stranding.size)
+        i = next(i for i, m in models if (m.gpus_per_replica, allowed[i]) == (stranding.size, stranding.allowed))
         placed = "; ".join(
             f"{node.name}: {' + '.join(map(str, pods_there)) or 'nothing'} ({free} free)"
             for node, pods_there, free in zip(nodes, stranding.placement, stranding.free, strict=True)

@@ -25,6 +25,8 @@ def check_home_node(stack: StackConfig) -> None:
 
 
 def check_size(stack: StackConfig) -> None:
+    if stack.model_storage.type == "nodeCache":
+        return  # each cache node against what it holds: checks.node_cache.check_capacity
     total = sum(m.disk_gb for m in stack.models)
     capacity_gb = stack.capacity_gib * 2**30 / 10**9
     weights = "weights and adapters" if any(m.lora for m in stack.models) else "weights"
