@@ -130,13 +130,15 @@ def _holders_problem(w: Workload, key: str, labels: Mapping[str, Mapping[str, st
     if not holders:
         return (f"{gate}, which no node in the stack carries (no weights NodePatch sets it): every pod stays Pending. "
                 f"Download the model to the nodes that should serve it (models[].nodes) or fix the nodeSelector.")
+    if any(n not in by_name for n in holders):
+        return None  # a holder whose GPUs the labels in view do not declare (another product or count label): unknown supply
     product = k8s.node_label_value(w.spec, product_label)
-    usable = [by_name[n] for n in holders if n in by_name and (product is None or by_name[n].product == product)]
+    usable = [by_name[n] for n in holders if product is None or by_name[n].product == product]
     replicas = max_replicas(w, all_scalers)
     for resource, per_pod in w.gpu_resources.items():
         supply = sum(_gpus(n, resource) for n in usable)
         largest = max((_gpus(n, resource) for n in usable), default=0)
-        held = ", ".join(f"{n} ({_gpus(by_name[n], resource) if by_name.get(n) in usable else 0})" for n in holders)
+        held = ", ".join(f"{n} ({_gpus(by_name[n], resource) if by_name[n] in usable else 0})" for n in holders)
         where = f"{gate}, set on {held} {resource}"
         if largest < per_pod:
             return (f"{where}: one pod asks for {per_pod} {resource} and no holding node has that many, so every pod "
