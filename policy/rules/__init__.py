@@ -12,6 +12,7 @@ from typing import Any
 
 from . import (
     autoscaling,
+    cache,
     capacity,
     coldstart,
     commands,
@@ -27,7 +28,8 @@ from . import (
 from .core import ADVISORY, MANDATORY, Resource, Rule, Violation, evaluate, format_line
 
 ALL_RULES: list[Rule] = [
-    *workloads.RULES, *servers.RULES, *reproducible.RULES, *storage.RULES, *commands.RULES, *capacity.RULES, *autoscaling.RULES,
+    *workloads.RULES, *servers.RULES, *reproducible.RULES, *storage.RULES, *cache.RULES, *commands.RULES, *capacity.RULES,
+    *autoscaling.RULES,
     *edge.RULES, *network.RULES, *podsecurity.RULES, *monitoring.RULES, *coldstart.RULES,
 ]
 

@@ -68,6 +68,21 @@ def max_replicas(workload: Workload, all_scalers: Sequence[Scaler]) -> int:
     return 1 if replicas is None else replicas
 
 
+def min_replicas(workload: Workload, all_scalers: Sequence[Scaler]) -> int:
+    """Fewest pods the workload runs while it is up: an autoscaler's minimum (HPA `minReplicas`, default 1; KEDA
+    `minReplicaCount`, default 0; an HTTPScaledObject's `replicas.min`) overrides replicas; with several, the
+    highest (each keeps at least its own)."""
+    r = workload.resource
+    if r.type in (k8s.POD, k8s.JOB):
+        return max_replicas(workload, all_scalers)
+    minimums = [_min_replicas(s.resource) for s in all_scalers if drives(s, workload)]
+    known = [m for m in minimums if m is not None]
+    if minimums:
+        return max(known, default=0)
+    replicas = to_int(dig(r.view, "spec", "replicas"))
+    return 1 if replicas is None else replicas
+
+
 # --- the rules ---------------------------------------------------------------------
 
 CPU_MEMORY = ("cpu", "memory")

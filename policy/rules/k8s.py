@@ -326,6 +326,26 @@ def selects(selector: Mapping, labels: Mapping) -> bool:
     return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
 
 
+def matches_label_selector(selector: Mapping, labels: Mapping) -> bool:
+    """A LabelSelector (matchLabels and matchExpressions) over pod labels; an empty one selects every pod."""
+    if any(labels.get(k) != v for k, v in as_map(selector.get("matchLabels")).items()):
+        return False
+    for expr in as_list(selector.get("matchExpressions")):
+        expr = as_map(expr)
+        key, operator = str(expr.get("key")), expr.get("operator")
+        values = {str(v) for v in as_list(expr.get("values"))}
+        present = key in labels
+        if operator == "In" and not (present and str(labels.get(key)) in values):
+            return False
+        if operator == "NotIn" and present and str(labels.get(key)) in values:
+            return False
+        if (operator == "Exists" and not present) or (operator == "DoesNotExist" and present):
+            return False
+        if operator not in ("In", "NotIn", "Exists", "DoesNotExist"):
+            return False
+    return True
+
+
 def required_node_terms(spec: Mapping) -> list[Mapping]:
     required = dig(spec, "affinity", "nodeAffinity", "requiredDuringSchedulingIgnoredDuringExecution")
     return [as_map(t) for t in as_list(dig(required, "nodeSelectorTerms"))]

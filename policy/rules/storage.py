@@ -22,12 +22,14 @@ def check_local_pv_affinity(resource: Resource, _cfg: Mapping) -> Iterator[str]:
     if source is None:
         return
     terms = as_list(dig(spec, "nodeAffinity", "required", "nodeSelectorTerms"))
-    if not terms:
+    # A term with no requirement matches no node; any other term places the volume (a hostname for one node, a label
+    # such as cache.gpu-serving.io/<ns> In [ready] for every node holding the directory).
+    if not any(as_list(as_map(t).get("matchExpressions")) or as_list(as_map(t).get("matchFields")) for t in terms):
         path = dig(spec, source, "path")
-        yield (f"{source} PV ({path}) has no required nodeAffinity: the directory exists on one node "
+        yield (f"{source} PV ({path}) has no required nodeAffinity: the directory exists on some nodes "
                f"only, but the pod may be scheduled anywhere and then sees an empty (or missing) "
                f"directory and downloads the model again. Add spec.nodeAffinity.required with the "
-               f"node's kubernetes.io/hostname.")
+               f"node's kubernetes.io/hostname or a label only the nodes holding the directory carry.")
 
 
 def is_model_pv(props: Mapping) -> bool:
@@ -72,18 +74,27 @@ def single_node_volumes(resources: Sequence[Resource]) -> set[str]:
     return {str(dig(r.view, "metadata", "name")) for r in k8s.kinds_in(resources, frozenset({k8s.PV})) if attempt(pinned, r)}
 
 
+def local_volumes(resources: Sequence[Resource]) -> set[str]:
+    """`local` PVs: not attachable, so nothing enforces ReadWriteOnce across nodes (no attach/detach, no
+    Multi-Attach; the scheduler's VolumeRestrictions checks only in-line cloud disks and ReadWriteOncePod). Each
+    pod's kubelet mounts the path on its own node: what KServe's model cache and our node cache rely on."""
+    return {str(dig(r.view, "metadata", "name")) for r in k8s.kinds_in(resources, frozenset({k8s.PV}))
+            if attempt(lambda pv: "local" in as_map(dig(pv.view, "spec")), r, default=False)}
+
+
 def rwo_claims(resources: Sequence[Resource]) -> dict[tuple[str, str], list[str]]:
     """ReadWriteOnce claims that could be asked to attach on two nodes.
 
     A claim bound to a single-node PV is left out: ReadWriteOnce is per node, and that PV's
-    affinity already keeps every replica on its node (ReadWriteOncePod stays in: it is per pod).
+    affinity already keeps every replica on its node; so is one bound to a `local` PV, which is never
+    attached (ReadWriteOncePod stays in: the scheduler enforces it per pod, whatever the volume).
     """
 
     def read(r: Resource) -> tuple[tuple[str, str], list[str], str]:
         modes = [str(m) for m in as_list(dig(r.view, "spec", "accessModes"))]
         return object_key(r), modes, str(dig(r.view, "spec", "volumeName") or "")
 
-    pinned = single_node_volumes(resources)
+    pinned = single_node_volumes(resources) | local_volumes(resources)
     claims = {}
     for r in k8s.kinds_in(resources, frozenset({k8s.PVC})):
         found = attempt(read, r)
@@ -116,11 +127,13 @@ def check_rwo_claims(resources: list[Resource], _cfg: Mapping) -> Iterator[tuple
 
 
 RULES = [
-    Rule("local-pv-node-affinity", "hostPath/local PersistentVolumes are pinned to their node by required nodeAffinity.",
+    Rule("local-pv-node-affinity",
+         "hostPath/local PersistentVolumes are placed by required nodeAffinity: their node's hostname, or a label the "
+         "nodes holding the directory carry.",
          MANDATORY, check_local_pv_affinity, frozenset({k8s.PV})),
     Rule("model-pv-retain", "PersistentVolumes that hold models use the Retain reclaim policy.",
          MANDATORY, check_model_pv_retain, frozenset({k8s.PV})),
     Rule("rwo-claim-single-replica",
-         "A Deployment that may run more than one replica mounts no ReadWriteOnce claim.",
+         "A Deployment that may run more than one replica mounts no ReadWriteOnce claim (one bound to a `local` PV, never attached, may).",
          MANDATORY, check_rwo_claims),
 ]

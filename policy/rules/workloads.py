@@ -118,7 +118,7 @@ def check_gpu_shm(resource: Resource, _cfg: Mapping) -> Iterator[str]:
 DEFAULT_HF_CACHE = "/root/.cache/huggingface"
 
 
-def _download_targets(container: Mapping) -> list[tuple[str, str]]:
+def download_targets(container: Mapping) -> list[tuple[str, str]]:
     tokens = k8s.argv(container)
     targets = []
     download_dir = k8s.flag_value(tokens, "--download-dir")
@@ -144,7 +144,7 @@ def check_download_dir(resource: Resource, _cfg: Mapping) -> Iterator[str]:
     for c in k8s.containers(spec):
         if not k8s.is_vllm(c):
             continue
-        for what, path in _download_targets(c):
+        for what, path in download_targets(c):
             mount = k8s.mount_for(path, c)
             where = f"container '{container_name(c)}': {what} {path}"
             if mount is None:

@@ -141,10 +141,35 @@ def test_rwo_claim_on_a_single_node_volume_may_serve_several_replicas():
     claim = rwo_claim()
     claim["spec"]["volumeName"] = "ai-models"
     assert "rwo-claim-single-replica" not in policies(check(deployment, claim, local_volume("ai-models", ["k8s-worker-02"])))
-    assert "rwo-claim-single-replica" in policies(check(deployment, claim, local_volume("ai-models", ["n1", "n2"])))
+    assert "rwo-claim-single-replica" in policies(check(deployment, claim, csi_volume("ai-models", ["n1", "n2"])))
     assert "rwo-claim-single-replica" in policies(check(deployment, claim, local_volume("other", ["k8s-worker-02"])))
     claim["spec"]["accessModes"] = ["ReadWriteOncePod"]
     assert "rwo-claim-single-replica" in policies(check(deployment, claim, local_volume("ai-models", ["k8s-worker-02"])))
+
+
+def csi_volume(name: str, nodes: list[str]) -> dict:
+    """An attachable volume (a CSI block device) that two nodes may attach: ReadWriteOnce is enforced there."""
+    pv = local_volume(name, nodes)
+    pv["spec"].pop("local")
+    pv["spec"]["csi"] = {"driver": "rbd.csi.ceph.com", "volumeHandle": "models"}
+    return pv
+
+
+@pytest.mark.parametrize("affinity", [["n1", "n2"], "label"])
+def test_rwo_claim_on_a_local_volume_of_several_nodes_may_serve_several_replicas(affinity):
+    """A `local` PV is never attached, so nothing enforces ReadWriteOnce across nodes: each pod's kubelet mounts the
+    path on its own node (KServe's model cache runs N replicas on one; so does modelStorage.type nodeCache)."""
+    deployment = good("Deployment")
+    deployment["spec"]["replicas"] = 3
+    claim = rwo_claim()
+    claim["spec"]["volumeName"] = "ai-model-cache"
+    pv = local_volume("ai-model-cache", ["n1", "n2"])
+    if affinity == "label":
+        pv["spec"]["nodeAffinity"]["required"]["nodeSelectorTerms"][0]["matchExpressions"] = [
+            {"key": "cache.gpu-serving.io/ai", "operator": "In", "values": ["ready"]}]
+    assert "rwo-claim-single-replica" not in policies(check(deployment, claim, pv))
+    claim["spec"]["accessModes"] = ["ReadWriteOncePod"]
+    assert "rwo-claim-single-replica" in policies(check(deployment, claim, pv))
 
 
 @pytest.mark.parametrize(

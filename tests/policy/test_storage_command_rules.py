@@ -20,6 +20,25 @@ def test_hostpath_pv_without_node_affinity():
     found = check(pv)
     assert policies(found) == {"local-pv-node-affinity"}
     assert "/mnt/models" in found[0].message
+    assert "kubernetes.io/hostname or a label" in found[0].message
+
+
+@pytest.mark.parametrize("source", ["hostPath", "local"])
+@pytest.mark.parametrize(
+    ("expressions", "violates"),
+    [
+        ([{"key": "kubernetes.io/hostname", "operator": "In", "values": ["k8s-worker-02"]}], False),
+        # The node cache's volume: every node carrying the label holds the directory.
+        ([{"key": "cache.gpu-serving.io/ai", "operator": "In", "values": ["ready"]}], False),
+        ([], True),  # a term with no requirement matches no node
+    ],
+)
+def test_local_pv_is_placed_by_a_hostname_or_a_label(source, expressions, violates):
+    pv = good("PersistentVolume")
+    path = pv["spec"].pop("hostPath", None) or pv["spec"].pop("local")
+    pv["spec"][source] = {"path": path["path"]}
+    pv["spec"]["nodeAffinity"] = {"required": {"nodeSelectorTerms": [{"matchExpressions": expressions}]}}
+    assert ("local-pv-node-affinity" in policies(check(pv))) is violates
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from stacks.config.cluster import GPU_COUNT_LABEL
 from tools.render.result import Render
 
 
@@ -23,6 +24,10 @@ def policy_config(render: Render) -> dict[str, dict[str, Any]]:
     }
     if any(n.gpu.sharing is not None and n.gpu.sharing.time_slicing is not None for n in render.config.nodes):
         config["gpu-shared-memory"] = {"gpuProductLabel": cluster.gpu_product_label}
+    if render.config.model_storage.type == "nodeCache":
+        # The stack's own count label (stacks/config/cluster.py) beside its product label: a custom product label
+        # is then still read with the count, and the holders' GPUs are known.
+        config["cache-holders-fit"] = {"gpuProductLabel": cluster.gpu_product_label, "gpuCountLabel": GPU_COUNT_LABEL}
     if any(m.scales_to_zero for m in render.config.models):
         config["vllm-request-hold"] = {"ingressClassNames": [cluster.ingress_class]}
     return config
