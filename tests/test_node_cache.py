@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import copy
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -219,7 +221,8 @@ def test_max_replicas_must_fit_the_holders() -> None:
     raw["cluster"]["surviveNodeLoss"] = False
     raw["models"][0]["nodes"] = ["gpu-a"]
     message = error_of(raw)
-    assert message.startswith("models[0].nodes: at max replicas it needs 4 nvidia.com/gpu but the nodes that hold its weights (gpu-a) have 2")
+    assert message.startswith("models[0].nodes: at max replicas it needs 4 nvidia.com/gpu but the nodes that hold its weights "
+                              "(gpu-a) have 2")
 
 
 def test_per_node_fit_counts_only_the_holders() -> None:
@@ -254,6 +257,40 @@ def test_every_node_allowed_is_the_old_search(nodes: list[int], pods: list[int])
     assert stranded_pod_among(nodes, [(p, every) for p in pods]) == stranded_pod(nodes, pods)
 
 
-def test_example_renders_in_the_docs_index() -> None:
-    assert "docs/examples/Pulumi.cache.yaml" in (ROOT / "README.md").read_text()
-    assert Path(EXAMPLE).exists()
+# ---- the tripwire before the server ---------------------------------------------------------------------------
+
+
+def run_verifier(tmp_path: Path, repos: list[list[str]]) -> subprocess.CompletedProcess[str]:
+    from components.serving.server import VERIFY_WEIGHTS
+
+    env = {"GS_MARKER_DIR": str(tmp_path / "downloads"), "GS_NODE": "gpu-b", "GS_REPOS": json.dumps(repos), "PATH": "/usr/bin:/bin"}
+    return subprocess.run([sys.executable, "-c", VERIFY_WEIGHTS], env=env, capture_output=True, text=True, timeout=30)
+
+
+def test_the_verifier_passes_a_complete_copy_and_names_a_missing_one(tmp_path: Path) -> None:
+    commit = "4da05a8edb55c6046cce958586c33b61da07bb79"
+    snapshot = tmp_path / "hub" / "models--Qwen--Qwen3-8B-AWQ" / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    (tmp_path / "downloads").mkdir()
+    marker = tmp_path / "downloads" / f"Qwen--Qwen3-8B-AWQ@{commit}.done"
+    marker.write_text(f"{snapshot}\n")
+    ok = run_verifier(tmp_path, [["Qwen/Qwen3-8B-AWQ", commit]])
+    assert ok.returncode == 0, ok.stderr
+    assert run_verifier(tmp_path, [["Qwen/Qwen3-8B-AWQ", "main"]]).returncode == 0  # a lab's branch: any commit of it
+    other = run_verifier(tmp_path, [["Qwen/Qwen3-8B-AWQ", "0" * 40]])
+    assert other.returncode == 1
+    assert other.stderr.count("\n") == 1 and other.stderr.startswith(f"ERROR: gpu-b is labelled as holding Qwen/Qwen3-8B-AWQ@{'0' * 40}")
+    # The marker outlived its files (a replaced disk restored from somewhere, a half-wiped cache).
+    snapshot.rmdir()
+    assert run_verifier(tmp_path, [["Qwen/Qwen3-8B-AWQ", commit]]).returncode == 1
+
+
+def test_the_pods_run_the_verifier_first_and_only_on_a_node_cache(example: Render) -> None:
+    (deployment,) = objects(example, "Deployment")
+    (init,) = deployment["spec"]["template"]["spec"]["initContainers"]
+    assert init["name"] == "verify-weights" and init["image"] == deployment["spec"]["template"]["spec"]["containers"][0]["image"]
+    assert init["volumeMounts"] == [{"name": "models", "mountPath": "/models", "readOnly": True}]
+    assert init["resources"]["requests"] == init["resources"]["limits"]
+    prod = run_program("prod")
+    (local,) = objects(prod, "Deployment")
+    assert "initContainers" not in local["spec"]["template"]["spec"]

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pulumi
 import pulumi_kubernetes as k8s
 
 from components.serving.autoscaling import autoscaler
 from components.serving.drain import grace_period_seconds, lifecycle, shutdown_args
-from components.serving.lora import lora_args, lora_env
+from components.serving.lora import download_repos, lora_args, lora_env
 from components.serving.names import (
     DOWNLOAD_DIR,
+    MARKER_DIR,
     MODEL_MOUNT,
     PORT,
     WEIGHTS_VERIFIED,
@@ -157,6 +161,32 @@ def resources(model: Model, shm_gi: int) -> k8s.core.v1.ResourceRequirementsArgs
     )
 
 
+VERIFY_RESOURCES = {"cpu": "100m", "memory": "128Mi"}
+VERIFY_WEIGHTS = (Path(__file__).resolve().parent / "programs" / "verify_weights.py").read_text()
+
+
+def verify_weights(model: Model) -> k8s.core.v1.ContainerArgs:
+    """On a node cache, before the server: the node's array holds what its weights label says (a tripwire for a
+    label that outlived its data, e.g. a disk replaced under a node that kept its name; not the gate, the label is).
+    One `ERROR:` line and the pod never starts, rather than a server crashing on missing files with the hub offline."""
+    return k8s.core.v1.ContainerArgs(
+        name="verify-weights",
+        image=model.image,  # python3 is there: the download Job runs in it
+        image_pull_policy="IfNotPresent",
+        command=["python3", "-c", VERIFY_WEIGHTS],
+        env=[
+            k8s.core.v1.EnvVarArgs(name="GS_MARKER_DIR", value=MARKER_DIR),
+            k8s.core.v1.EnvVarArgs(name="GS_REPOS", value=json.dumps([list(r) for r in download_repos(model)], separators=(",", ":"))),
+            k8s.core.v1.EnvVarArgs(name="GS_NODE", value_from=k8s.core.v1.EnvVarSourceArgs(
+                field_ref=k8s.core.v1.ObjectFieldSelectorArgs(field_path="spec.nodeName"))),
+        ],
+        # Requests equal to limits: the pod's Guaranteed QoS counts its init containers too.
+        resources=k8s.core.v1.ResourceRequirementsArgs(limits=VERIFY_RESOURCES, requests=VERIFY_RESOURCES),
+        volume_mounts=[k8s.core.v1.VolumeMountArgs(name="models", mount_path=MODEL_MOUNT, read_only=True)],
+        security_context=container_security_context(model),
+    )
+
+
 def pod_spec(
     model: Model, cluster: ClusterConfig, claim_name: pulumi.Input[str], api_key: bool, cached: bool = False,
 ) -> k8s.core.v1.PodSpecArgs:
@@ -165,6 +195,7 @@ def pod_spec(
     shm = shm_size_gi(model.gpus_per_replica)
     scratch, scratch_mounts = scratch_volumes(model)
     return k8s.core.v1.PodSpecArgs(
+        init_containers=[verify_weights(model)] if cached else None,
         containers=[
             k8s.core.v1.ContainerArgs(
                 name="vllm",
