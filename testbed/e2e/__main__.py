@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import testbed.e2e
-from testbed.e2e.day_two import DayTwoEndToEnd
+from testbed.e2e.cache_checks import CACHE_CHECKS, CacheEndToEnd
 from testbed.e2e.real_node import REAL_NODE_CHECKS, RealNodeEndToEnd
 from testbed.e2e.run import copy_project, engine_env
 from tools.render import ROOT
@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     (tmp / "project").mkdir()
     copy_project(tmp / "project")
 
-    run = DayTwoEndToEnd(tmp, env, args.out, skip=args.skip)
+    run = CacheEndToEnd(tmp, env, args.out, skip=args.skip)
     # The prod stack's node is never reached (preview runs nothing): a throwaway key stands in.
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp / "canary-key")], check=True)
     run.canaries = {"hfToken": f"gs-canary-hfToken-{secrets.token_hex(8)}", "sshPrivateKey": (tmp / "canary-key").read_text()}
@@ -78,6 +78,12 @@ def main(argv: list[str] | None = None) -> int:
         run.check("preview-prerequisites", run.preview_prerequisites, needs=("cluster-up",))
         run.check("per-node-fit", run.per_node_fit, needs=("cluster-up",))
         run.check("shared-gpu-fit", run.shared_gpu_fit, needs=("cluster-up",))
+        # Every node serves (modelStorage.type nodeCache): a stack of its own on four kwok nodes, its node steps
+        # answered by SSH stand-ins; a holder lost, a drain, then nothing left to change.
+        run.check("cache-up", run.cache_up, needs=("cluster-up",))
+        for name in CACHE_CHECKS[1:]:
+            run.check(name, getattr(run, name.replace("-", "_")), needs=("cache-up",))
+        run.cache_stop()
         # Day two: the runbook's operations, one after the other on the cluster stack.
         for name, check in (("grow-cluster", run.grow_cluster), ("replace-disk", run.replace_disk), ("rotate-api-key", run.rotate_api_key),
                             ("rotate-hf-token", run.rotate_hf_token), ("add-model", run.add_model),
@@ -97,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
             run.canaries["labSshPrivateKey"] = run.vm.key_path.read_text()
         run.check("no-secret-in-state", run.no_secret_in_state)
     finally:
+        run.cache_stop()
         if run.cluster_env:
             run.cluster_sh("stop", check=False)
         if run.vm is not None:
