@@ -24,13 +24,27 @@ def test_render_writes_the_stack_settings_for_the_pack(render, tmp_path: Path) -
     config = json.loads((tmp_path / "policy-config.json").read_text())
     assert config["gpu-taint-toleration"] == {"gpuTaintKey": "gpu"}
     assert config["gpu-node-selector"] == {"gpuProductLabel": "example.com/accelerator"}
-    assert config["gpu-capacity"] == {"gpuProductLabel": "example.com/accelerator"}
+    assert config["gpu-capacity"] == {"gpuProductLabel": "example.com/accelerator", "gpuCountLabel": "gpu-serving/gpu.count"}
     assert config["ingress-vllm-streaming"] == {"ingressClassNames": ["internal-nginx"]}
     resources = json.loads((tmp_path / "resources.json").read_text())
     # With the file the pack passes the stack the render passed; without it (the old preview) it refuses it.
     assert [v for v in check_resources(resources, config=config) if v.level == MANDATORY] == []
     refused = {v.policy for v in check_resources(resources, config={}) if v.level == MANDATORY}
     assert "gpu-taint-toleration" in refused
+
+
+def test_a_custom_product_label_still_has_its_capacity_checked(render, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The pack reads the stack's nodes by its product label and the stack's own count label: paired with GFD's
+    count label instead it found no node and checked nothing (the capacity rule stayed silent)."""
+    out = render(cluster=custom_cluster())
+    write(out, tmp_path)
+    config = json.loads((tmp_path / "policy-config.json").read_text())
+    resources = json.loads((tmp_path / "resources.json").read_text())
+    for resource in resources:
+        if resource["type"] == "keda.sh/v1alpha1:ScaledObject" or resource["type"].endswith(":ScaledObject"):
+            resource["inputs"]["spec"]["maxReplicaCount"] = 9  # more pods than the node's two GPUs
+    flagged = {v.policy for v in check_resources(resources, config=config) if v.level == MANDATORY}
+    assert "gpu-capacity" in flagged
 
 
 def test_the_file_fits_the_pack_schema(prod, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

@@ -18,15 +18,16 @@ def policy_config(render: Render) -> dict[str, dict[str, Any]]:
     config: dict[str, dict[str, Any]] = {
         "gpu-taint-toleration": {"gpuTaintKey": cluster.gpu_taint.key},
         "gpu-node-selector": {"gpuProductLabel": cluster.gpu_product_label},
-        "gpu-capacity": {"gpuProductLabel": cluster.gpu_product_label},
+        # The stack's own count label beside its product label: with a custom product label the pack would
+        # otherwise pair it with GFD's count label, find no node, and check nothing.
+        "gpu-capacity": {"gpuProductLabel": cluster.gpu_product_label, "gpuCountLabel": GPU_COUNT_LABEL},
         "ingress-vllm-streaming": {"ingressClassNames": [cluster.ingress_class]},
         "vllm-revision-pinned": {"requireCommit": cluster.require_commit_revisions},
     }
     if any(n.gpu.sharing is not None and n.gpu.sharing.time_slicing is not None for n in render.config.nodes):
-        config["gpu-shared-memory"] = {"gpuProductLabel": cluster.gpu_product_label}
+        config["gpu-shared-memory"] = {"gpuProductLabel": cluster.gpu_product_label, "gpuCountLabel": GPU_COUNT_LABEL}
     if render.config.model_storage.type == "nodeCache":
-        # The stack's own count label (stacks/config/cluster.py) beside its product label: a custom product label
-        # is then still read with the count, and the holders' GPUs are known.
+        # The holders' GPUs, read by the same labels as gpu-capacity's.
         config["cache-holders-fit"] = {"gpuProductLabel": cluster.gpu_product_label, "gpuCountLabel": GPU_COUNT_LABEL}
     if any(m.scales_to_zero for m in render.config.models):
         config["vllm-request-hold"] = {"ingressClassNames": [cluster.ingress_class]}
