@@ -1,5 +1,5 @@
 """The node cache in the pack (`modelStorage.type: nodeCache`, issue #38), on a stack built by hand in the shape
-/work/local/cache-design.md fixes (docs/node-cache-plan.md §3): one `local` PV placed by the label
+docs/node-cache-plan.md §3 and docs/models.md "Every node serves" describe: one `local` PV placed by the label
 `cache.gpu-serving.io/ai In [ready]`, its claim `model-cache`, a download Job per (node, model) pinned by hostname, a
 weights label per (node, model) set by a NodePatch of its own, and the model's Deployment gated on that label and
 spread over hostnames. It passes; one change per rule makes that rule fire; over a preview and over plain YAML."""
