@@ -37,7 +37,8 @@ HOLDERS = CACHE_NODES[:3]
 CACHE_PRODUCT = "e2e-cache"
 CACHE_MODEL = "qwen3"
 EVICTION_S = 10
-CACHE_CHECKS = ("cache-up", "cache-node-lost", "cache-drain", "cache-no-changes")
+CACHE_CHECKS = ("cache-up", "cache-node-lost", "cache-drain", "cache-no-changes", "cache-revision", "cache-remove-node")
+NEW_REVISION = "0123456789abcdef0123456789abcdef01234567"
 SERVING = f"app.kubernetes.io/instance={CACHE_MODEL},app.kubernetes.io/component=inference-server"
 
 
@@ -175,6 +176,66 @@ class CacheEndToEnd(DayTwoEndToEnd):
     def cache_no_changes(self) -> str:
         same = self.second_up_changes_nothing("cache", "noopUpCacheSeconds")
         return f"after the loss and the drain, preview and up: no changes ({same} resources the same)"
+
+    def weights_key(self) -> str:
+        selector = self.get("deployment", f"vllm-{CACHE_MODEL}", "-n", CACHE_NAMESPACE)["spec"]["template"]["spec"]["nodeSelector"]
+        (key,) = [k for k in selector if ".weights.gpu-serving.io/" in k]
+        return key
+
+    def labelled(self, key: str) -> list[str]:
+        return sorted(n for n in CACHE_NODES if self.get("node", n)["metadata"]["labels"].get(key) == "verified")
+
+    def cache_revision(self) -> str:
+        """A new revision: downloaded on every holder before the Deployment's update begins; the old label gone after."""
+        old = self.weights_key()
+
+        def edit(config: dict[str, Any]) -> None:
+            config["gpu-serving:models"][0]["revision"] = NEW_REVISION
+
+        self.edit_stack("cache", edit)
+        events = self.tmp / "up-cache-revision-events.jsonl"
+        self.timed("upCacheRevisionSeconds", "up", "--yes", "--skip-preview", "--event-log", str(events), stack="cache",
+                   timeout=1200, env={"PULUMI_DEBUG_COMMANDS": "true"})
+        new = self.weights_key()
+        require(new != old, "the Deployment still selects the old weights label")
+        log = [json.loads(line) for line in events.read_text().splitlines() if line.strip()]
+        update = _sequence(log, "resourcePreEvent", f"::{CACHE_MODEL}-deployment")
+        digest = new.rsplit("/", 1)[1]
+        late = [n for n in HOLDERS if _sequence(log, "resOutputsEvent", f"::{n}-{CACHE_MODEL}-weights-{digest}") > update]
+        require(not late, f"the Deployment's update began (#{update}) before the new label was set on {late}")
+        require(self.labelled(new) == list(HOLDERS), f"{new} on {self.labelled(new)}")
+        require(self.labelled(old) == [], f"the old label {old} is still on {self.labelled(old)}")
+        placement = self.wait_for("two Ready serving pods", lambda: (p := self.cache_placement()) and len(p) == 2 and p, timeout=120)
+        require(set(placement) <= set(HOLDERS), f"serving pods on {sorted(placement)}")
+        return (f"new revision: Jobs and {new} on {', '.join(HOLDERS)} before the Deployment's update (#{update}); "
+                f"{old} gone from every node; serving on {', '.join(sorted(placement))}")
+
+    def cache_remove_node(self) -> str:
+        """A holder taken out of the model's nodes: its Job and label go; nothing else changes."""
+        key = self.weights_key()
+        gone = HOLDERS[2]
+
+        def edit(config: dict[str, Any]) -> None:
+            config["gpu-serving:models"][0]["nodes"] = list(HOLDERS[:2])
+
+        self.edit_stack("cache", edit)
+        # Two holders left for replicas.min 2 of one GPU each: the stack's surviveNodeLoss promise no longer holds.
+        refused = self.pulumi("up", "--yes", "--skip-preview", stack="cache", timeout=600, check=False)
+        said = refused.stdout + refused.stderr
+        refusal = next((line.strip() for line in said.splitlines() if "error: config error: cluster.surviveNodeLoss" in line), None)
+        require(refused.returncode != 0 and refusal is not None, f"the up was not refused by cluster.surviveNodeLoss: {said[-300:]}")
+        self.edit_stack("cache", lambda config: config["gpu-serving:cluster"].update(surviveNodeLoss=False))
+        self.pulumi("up", "--yes", "--skip-preview", stack="cache", timeout=1200)
+        changes = self.last_update_changes("cache")
+        require(changes.get("delete") == 2 and not changes.get("create") and not changes.get("replace"),
+                f"the up changed {changes}, expected the node's Job and label deleted")
+        require(self.labelled(key) == list(HOLDERS[:2]), f"{key} on {self.labelled(key)}")
+        jobs = {j["spec"]["template"]["spec"]["nodeSelector"]["kubernetes.io/hostname"]
+                for j in self.get("jobs", "-n", CACHE_NAMESPACE, "-l", "app.kubernetes.io/component=model-download")["items"]}
+        require(gone not in jobs, f"{gone}'s download Job is still there: {sorted(jobs)}")
+        self.pulumi("preview", "--expect-no-changes", stack="cache")
+        return (f"{gone} out of models[0].nodes: refused at first ({refusal.split('config error: ', 1)[1][:110]}…); with "
+                f"surviveNodeLoss off, its Job and {key} deleted ({changes}); then no changes")
 
     def cache_stop(self) -> None:
         """The SSH stand-ins go; the stack's objects stay in the cluster, which stops at the end of the run."""
