@@ -19,7 +19,8 @@ kubernetes = pulumi.ResourceOptions(providers=[kubernetes_provider(config.cluste
 
 rules = adapter_rules() if needs_adapter_rules(config.cluster, config.models) else None
 grant = reference_grant(config.cluster, config.models)
-cluster = ClusterBase("cluster", ClusterArgs(config.cluster, adapter_rules=rules, hold_grant=grant, nodes=tuple(config.nodes)),
+cluster = ClusterBase("cluster", ClusterArgs(config.cluster, adapter_rules=rules, hold_grant=grant, nodes=tuple(config.nodes),
+                                               models=tuple(m.name for m in config.models)),
                       opts=kubernetes)
 
 cache_nodes = config.cache_nodes()  # modelStorage.type nodeCache: every one of them serves from its own array

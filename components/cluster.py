@@ -9,6 +9,7 @@ from typing import Any
 import pulumi
 import pulumi_kubernetes as k8s
 
+from components.dashboards import dashboards
 from components.sharing import DEVICE_PLUGIN_CONFIG_LABEL, device_plugin_configs, mig_parted_config, time_slicing_configs
 from stacks.config import ClusterConfig, Node
 
@@ -186,6 +187,8 @@ class ClusterArgs:
     """The ReferenceGrant that lets HTTPRoutes reach the request hold's interceptor (components.serving.hold.reference_grant)."""
     nodes: tuple[Node, ...] = ()
     """The GPU nodes: those with `gpu.sharing` get the device plugin's and the MIG manager's configs written."""
+    models: tuple[str, ...] = ()
+    """The served model names, the choices of the models' dashboard."""
 
 
 class ClusterBase(pulumi.ComponentResource):
@@ -201,6 +204,7 @@ class ClusterBase(pulumi.ComponentResource):
     def __init__(self, name: str, args: ClusterArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("gpu-serving:cluster:ClusterBase", name, None, opts)
         cluster = args.cluster
+        namespace: k8s.core.v1.Namespace | None = None
         if cluster.create_namespace:
             namespace = k8s.core.v1.Namespace(
                 f"{name}-namespace",
@@ -242,6 +246,8 @@ class ClusterBase(pulumi.ComponentResource):
             self.adapter_rules = rules.metadata.apply(lambda m: f"{m.namespace}/{m.name}")
         if args.hold_grant is not None:
             k8s.apiextensions.CustomResource(f"{name}-hold-grant", **args.hold_grant, opts=pulumi.ResourceOptions(parent=self))
+        if cluster.monitoring.dashboards:
+            self._dashboards(name, cluster, args, namespace)
         self.register_outputs({"namespace": self.namespace, "adapterRules": self.adapter_rules})
 
     def _sharing_configs(self, name: str, cluster: ClusterConfig, nodes: tuple[Node, ...]) -> None:
@@ -254,6 +260,23 @@ class ClusterBase(pulumi.ComponentResource):
         if layouts is not None:
             manager = cluster.mig_manager
             self._config_map(f"{name}-mig-parted-config", cluster, manager.namespace, manager.config_map_name, {"config.yaml": layouts})
+
+    def _dashboards(self, name: str, cluster: ClusterConfig, args: ClusterArgs, namespace: pulumi.Resource | None) -> None:
+        """One ConfigMap a dashboard (components/dashboards), labelled for the Grafana sidecar; in the stack's
+        namespace (after it, when the stack creates it) unless `dashboardNamespace` names another."""
+        monitoring = cluster.monitoring
+        in_namespace = monitoring.dashboard_namespace or cluster.namespace
+        after = [namespace] if namespace is not None and in_namespace == cluster.namespace else []
+        for kind, (file, text) in dashboards(cluster.namespace, args.models, args.nodes).items():
+            k8s.core.v1.ConfigMap(
+                f"{name}-dashboard-{kind}",
+                metadata=k8s.meta.v1.ObjectMetaArgs(
+                    name=f"gpu-serving-{cluster.namespace}-{kind}", namespace=in_namespace,
+                    labels={**PART_OF, **monitoring.dashboard_labels}, annotations=applied_annotations(cluster),
+                ),
+                data={file: text},
+                opts=pulumi.ResourceOptions(parent=self, depends_on=after),
+            )
 
     def _config_map(self, resource: str, cluster: ClusterConfig, namespace: str, name: str, data: dict[str, str]) -> k8s.core.v1.ConfigMap:
         """A ConfigMap another program reads (in that program's namespace)."""

@@ -65,6 +65,11 @@ def one(render: Render, type_token: str) -> dict[str, Any]:
     return redact(resource.inputs)
 
 
+def adapter_config_maps(render: Render) -> list[dict[str, Any]]:
+    """The ConfigMaps but the Grafana dashboards' (tests/test_dashboards.py)."""
+    return [redact(r.inputs) for r in render.of_type(CONFIG_MAP) if "grafana_dashboard" not in r.inputs["metadata"].get("labels", {})]
+
+
 def container(deployment: dict[str, Any]) -> dict[str, Any]:
     (c,) = deployment["spec"]["template"]["spec"]["containers"]
     return c
@@ -406,7 +411,7 @@ def test_hpa_scales_on_the_queue_and_leaves_replicas_alone(render) -> None:  # t
     }
     assert hpa["behavior"]["scaleDown"]["stabilizationWindowSeconds"] >= 600
     assert prod.of_type(SCALED_OBJECT) == []
-    rules = one(prod, CONFIG_MAP)
+    (rules,) = adapter_config_maps(prod)
     assert rules["metadata"] == {"name": "gpu-serving-adapter-rules", "namespace": "monitoring", "labels": rules["metadata"]["labels"],
                                  "annotations": {"pulumi.com/patchForce": "true"}}
     assert rules["data"]["config.yaml"] == adapter_rules()
@@ -421,7 +426,7 @@ def test_hpa_target_is_configurable(render) -> None:  # type: ignore[no-untyped-
 def test_keda_replaces_the_hpa(render) -> None:  # type: ignore[no-untyped-def]
     cluster = prod_raw()["cluster"] | {"autoscaling": "keda"}
     result = render(cluster=cluster)
-    assert result.of_type(HPA) == [] and result.of_type(CONFIG_MAP) == []
+    assert result.of_type(HPA) == [] and adapter_config_maps(result) == []
     scaled = one(result, SCALED_OBJECT)
     assert scaled["apiVersion"] == "keda.sh/v1alpha1"
     spec = scaled["spec"]
@@ -438,7 +443,7 @@ def test_keda_replaces_the_hpa(render) -> None:  # type: ignore[no-untyped-def]
 
 def test_fixed_replicas_need_no_autoscaler(render) -> None:  # type: ignore[no-untyped-def]
     result = render(models=[prod_model(replicas={"min": 2, "max": 2})])
-    assert result.of_type(HPA) == [] and result.of_type(SCALED_OBJECT) == [] and result.of_type(CONFIG_MAP) == []
+    assert result.of_type(HPA) == [] and result.of_type(SCALED_OBJECT) == [] and adapter_config_maps(result) == []
     assert one(result, DEPLOYMENT)["spec"]["replicas"] == 2
     assert result.outputs["models"]["qwen3"]["replicas"]["autoscaler"] == "none"
 

@@ -87,7 +87,8 @@ class PrometheusAdapter(_Model):
 
 
 class Monitoring(_Model):
-    """What the Prometheus Operator (kube-prometheus-stack) needs: it ignores `prometheus.io/*` annotations."""
+    """What the Prometheus Operator (kube-prometheus-stack) needs: it ignores `prometheus.io/*` annotations; and the
+    dashboards its Grafana loads."""
 
     pod_monitor: bool = True
     """A PodMonitor per model, so the operator's Prometheus scrapes `/metrics` (autoscaling and alerts read it)."""
@@ -95,6 +96,14 @@ class Monitoring(_Model):
     """A PrometheusRule per model: no pod ready, queue stalled (per pod), requests preempted, download Job failed."""
     labels: dict[Annotated[str, StringConstraints(pattern=LABEL_KEY)], LabelValue] = {}
     """Labels the Prometheus selects PodMonitors and PrometheusRules by (kube-prometheus-stack: `release: <release>`)."""
+    dashboards: bool = True
+    """Grafana dashboards as ConfigMaps: the models (a `model_name` variable) and the nodes (arrays, mount, GPUs)."""
+    dashboard_labels: dict[Annotated[str, StringConstraints(pattern=LABEL_KEY)], LabelValue] = {"grafana_dashboard": "1"}
+    """Labels the Grafana sidecar loads dashboard ConfigMaps by (kube-prometheus-stack: `grafana.sidecar.dashboards.label`
+    `grafana_dashboard`, `labelValue` `"1"`)."""
+    dashboard_namespace: K8sName | None = None
+    """Namespace of the dashboard ConfigMaps; unset: the stack's. kube-prometheus-stack's sidecar searches every namespace
+    (`searchNamespace: ALL`); a Grafana chart installed on its own searches only its own: name that one here."""
 
 
 PodLabels = dict[Annotated[str, StringConstraints(pattern=LABEL_KEY)], LabelValue]
@@ -213,7 +222,7 @@ class ClusterConfig(_Model):
     runtime_class_name: K8sName | None = None
     """RuntimeClass of GPU pods (e.g. `nvidia`) when the NVIDIA runtime is not the node's default."""
     monitoring: Monitoring = Monitoring()
-    """Prometheus Operator objects per model (PodMonitor, PrometheusRule)."""
+    """Prometheus Operator objects per model (PodMonitor, PrometheusRule) and Grafana dashboards."""
     pod_security: PodSecurity = PodSecurity()
     """Pod Security admission levels put on the namespace (when the stack creates it)."""
     priority_class: PriorityClass | None = PriorityClass()
