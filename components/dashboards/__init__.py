@@ -1,7 +1,8 @@
 """Grafana dashboards as ConfigMaps for the Grafana sidecar of kube-prometheus-stack (`grafana.sidecar.dashboards`:
 it loads every ConfigMap labelled `grafana_dashboard: "1"`, in all namespaces). The dashboards are the JSON files
-beside this module; the render fills in only their hidden constants (the stack's namespace, nodes, mountpoints),
-the model list, and a uid and title of the stack's own, so two stacks' dashboards do not replace each other.
+beside this module; the render fills in only the stack's namespace and a uid and title of the stack's own, so two
+stacks' dashboards do not replace each other. Nothing of a model or a node is in them (the models are listed from
+their Deployments, the arrays by their md devices): adding a model or a node changes only its own objects.
 
 One dashboard for the models, with a `model_name` variable, rather than one per model: a fleet of many models
 would otherwise fill Grafana's list with identical dashboards, and comparing two models is a variable switch.
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -21,13 +21,6 @@ from stacks.config import Node
 HERE = Path(__file__).resolve().parent
 MODELS = HERE / "models.json"
 NODES = HERE / "nodes.json"
-
-
-def promql_regex(values: Sequence[str]) -> str:
-    """An alternation matching exactly `values`, as it goes inside a PromQL double-quoted string: regex
-    metacharacters escaped with a backslash that is itself escaped for the string. Nothing matches an empty list."""
-    escaped = [re.sub(r"([.+*?()|\[\]{}^$\\])", r"\\\\\1", value) for value in values]
-    return "|".join(escaped) if escaped else "$^"
 
 
 def _uid(kind: str, namespace: str) -> str:
@@ -50,23 +43,12 @@ def _render(path: Path, kind: str, namespace: str, constants: dict[str, str]) ->
     return dashboard
 
 
-def models_dashboard(namespace: str, models: Sequence[str]) -> dict[str, Any]:
-    """The models' dashboard: a custom `model_name` variable of the stack's served model names (a model at
-    zero replicas has no series to list it by), the first selected."""
-    dashboard = _render(MODELS, "models", namespace, {"namespace": namespace})
-    (variable,) = [v for v in dashboard["templating"]["list"] if v["name"] == "model_name"]
-    variable["query"] = ",".join(models)
-    variable["options"] = [{"selected": i == 0, "text": m, "value": m} for i, m in enumerate(models)]
-    variable["current"] = {"selected": True, "text": models[0], "value": models[0]} if models else {}
-    return dashboard
+def models_dashboard(namespace: str) -> dict[str, Any]:
+    return _render(MODELS, "models", namespace, {"namespace": namespace})
 
 
-def nodes_dashboard(namespace: str, nodes: Sequence[Node]) -> dict[str, Any]:
-    mountpoints = sorted({node.storage.mountpoint for node in nodes if node.storage is not None})
-    return _render(NODES, "nodes", namespace, {
-        "nodes": promql_regex([node.name for node in nodes]),
-        "mountpoints": promql_regex(mountpoints),
-    })
+def nodes_dashboard(namespace: str) -> dict[str, Any]:
+    return _render(NODES, "nodes", namespace, {})
 
 
 def dashboards(namespace: str, models: Sequence[str], nodes: Sequence[Node]) -> dict[str, tuple[str, str]]:
@@ -74,8 +56,8 @@ def dashboards(namespace: str, models: Sequence[str], nodes: Sequence[Node]) -> 
     namespace is in the name: the sidecar writes every dashboard into one folder by its file name."""
     docs = {}
     if models:
-        docs["models"] = models_dashboard(namespace, models)
+        docs["models"] = models_dashboard(namespace)
     if nodes:
-        docs["nodes"] = nodes_dashboard(namespace, nodes)
+        docs["nodes"] = nodes_dashboard(namespace)
     return {kind: (f"gpu-serving-{namespace}-{kind}.json", json.dumps(doc, indent=1, ensure_ascii=False) + "\n")
             for kind, doc in docs.items()}
