@@ -130,3 +130,15 @@ def test_quiet_prints_only_errors_with_the_same_exit_code(tmp_path: Path, flag: 
 def test_the_rendering_page_quotes_the_prod_plan() -> None:
     page = (ROOT / "docs" / "rendering.md").read_text()
     assert "rendered prod: 30 resources, 17 Kubernetes objects, 13 files in rendered/prod\n" + PROD_PLAN + "needs: " in page
+
+
+def test_with_local_storage_another_node_runs_no_model(render) -> None:  # type: ignore[no-untyped-def]
+    from tests.test_config import prod_raw
+
+    nodes = prod_raw()["nodes"]
+    nodes.append({"name": "k8s-worker-03", "ssh": {"host": "10.0.0.3"}, "gpu": {"product": "nvidia-l40s", "count": 1},
+                  "storage": {"disks": []}, "containerRuntime": "none"})
+    text = plan_of(render(nodes=nodes))
+    assert ("  k8s-worker-03: 1 × nvidia-l40s, whole cards (nvidia.com/gpu: 1); runtime none; runs no model (the volume is on "
+            "k8s-worker-02)\n    array: no disk work\n    labels: ") in text
+    assert "    runs on: k8s-worker-02\n" in text

@@ -38,20 +38,19 @@ def plan(render: Render, policy: list[str], policy_file: str = "policy.txt") -> 
 # --- nodes --------------------------------------------------------------------------------------------
 
 
-def node_labels_and_taints(render: Render, name: str) -> tuple[dict[str, str], list[dict[str, str]]]:
-    """What the render patches onto node `name`: every label of its NodePatch objects, and its taints."""
-    labels: dict[str, str] = {}
-    taints: list[dict[str, str]] = []
+def patched_nodes(render: Render) -> dict[str, tuple[dict[str, str], list[dict[str, str]]]]:
+    """What the render patches onto each node, by name: every label of its NodePatch objects (components/node/labels.py
+    sets them: GPU product and count, sharing, the cache's and the verified weights'), and its taints."""
+    patched: dict[str, tuple[dict[str, str], list[dict[str, str]]]] = {}
     for resource in render.of_type("kubernetes:core/v1:NodePatch"):
-        inputs = resource.inputs
-        if (inputs.get("metadata") or {}).get("name") != name:
-            continue
-        labels |= (inputs.get("metadata") or {}).get("labels") or {}
-        taints += (inputs.get("spec") or {}).get("taints") or []
-    return dict(sorted(labels.items())), taints
+        metadata = resource.inputs.get("metadata") or {}
+        labels, taints = patched.setdefault(str(metadata.get("name")), ({}, []))
+        labels |= metadata.get("labels") or {}
+        taints += (resource.inputs.get("spec") or {}).get("taints") or []
+    return {name: (dict(sorted(labels.items())), taints) for name, (labels, taints) in patched.items()}
 
 
-def _node_facts(render: Render, node: Any) -> dict[str, str]:
+def _node_facts(render: Render, node: Any, patched: dict[str, Any], cache_nodes: set[str]) -> dict[str, str]:
     """One node's plan, field by field (fields alike across nodes group them in a fleet)."""
     config = render.config
     storage = node.storage
@@ -69,14 +68,14 @@ def _node_facts(render: Render, node: Any) -> dict[str, str]:
     else:
         sharing = f"MIG {layout_text(gpu.sharing.mig.profiles)} per card"
     advertised = ", ".join(f"{resource_name(r)}: {n}" for r, n in gpu.advertised.items())
-    labels, taints = node_labels_and_taints(render, node.name)
-    storage_type = config.model_storage.type
-    if node in config.cache_nodes():
+    labels, taints = patched.get(node.name, ({}, []))
+    volume = config.model_storage
+    if node.name in cache_nodes:
         role = "caches models (nodeCache)"
-    elif storage_type == "local" and config.model_storage.node == node.name:
-        role = "holds the model volume (local)"
+    elif volume.type == "local":
+        role = "holds the model volume (local)" if volume.node == node.name else f"runs no model (the volume is on {volume.node})"
     else:
-        role = "caches no models" if storage_type == "nodeCache" else f"reads models from the {storage_type} volume"
+        role = "caches no models" if volume.type == "nodeCache" else f"reads models from the {volume.type} volume"
     return {
         "gpu": f"{gpu.count} × {gpu.product}, {sharing} ({advertised})",
         "array": array,
@@ -90,7 +89,9 @@ def _node_facts(render: Render, node: Any) -> dict[str, str]:
 
 def _nodes(render: Render, fleet: bool) -> list[str]:
     nodes = render.config.nodes
-    facts = {node.name: _node_facts(render, node) for node in nodes}
+    patched = patched_nodes(render)
+    cache_nodes = {n.name for n in render.config.cache_nodes()}
+    facts = {node.name: _node_facts(render, node, patched, cache_nodes) for node in nodes}
     lines = [f"nodes ({len(nodes)}):"]
     if not fleet:
         for name, f in facts.items():
