@@ -19,7 +19,7 @@ CHECKOV := $(CHECKOV_VENV)/bin/checkov
 .PHONY: help venv python-version render test docs docs-site checkers test-vm lint policy-check diff checkov lab-vm lab-vm-stop bench bench-vm bench-engine engine e2e cluster cluster-stop clean
 
 help:
-	@echo "make render [STACK=prod]   render the stack offline into rendered/<stack>/ (DEPLOYED=outputs.json: against a deployed stack)"
+	@echo "make render [STACK=prod]   render the stack offline into rendered/<stack>/ and print its plan (DEPLOYED=outputs.json: against a deployed stack)"
 	@echo "make test                  run the test suite, checkov included (creates ./venv and .venv-checkov on first use)"
 	@echo "make docs                  regenerate the generated pages: docs/configuration.md, the rules of docs/policy.md"
 	@echo "make docs-site             build the documentation site into site/ (mkdocs, strict: a broken link fails)"

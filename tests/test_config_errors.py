@@ -168,6 +168,35 @@ def test_no_error_line_is_longer_than_the_limit() -> None:
     assert len(message) <= 300 and "\n" not in message
 
 
+def test_a_long_refusal_is_whole_with_its_fix() -> None:
+    """Issue 39: a refusal was cut mid-sentence at 300 characters, losing its last clause, which is the fix. What a line
+    echoes is bounded where it is echoed; the refusal itself is kept whole."""
+    from tests.test_sharing import SHARED_B, SLICED, example_raw
+
+    raw = example_raw()
+    raw["nodes"][SLICED]["gpu"]["count"] = 2
+    raw["models"][SHARED_B]["replicas"] = {"min": 2, "max": 2}
+    raw["nodes"][SLICED]["gpu"]["sharing"]["timeSlicing"]["replicas"] = 3
+    message = error_of(raw)
+    assert len(message) > 300 and "\n" not in message and "…" not in message, message
+    assert message.endswith("lower gpuMemoryUtilization until any 3 of them add up to 1.0 or less, or lower timeSlicing.replicas")
+
+    from tests.test_placement import shared_stack
+
+    with pytest.raises(ConfigError) as error:
+        parse(shared_stack([(1, 2), (2, 1)], nodes=2))
+    assert str(error.value).endswith("give the models on these nodes the same gpusPerReplica, lower replicas.max, or add a node")
+
+
+def test_a_line_past_any_refusal_is_cut_at_a_clause_not_a_word() -> None:
+    from stacks.config.load import MAX_REFUSAL, _cut
+
+    line = "models[0].x: " + "; ".join(f"clause number {i} says something" for i in range(100))
+    cut = _cut(line)
+    assert len(cut) <= MAX_REFUSAL + 2 and cut.startswith("models[0].x: clause number 0 says something; "), cut
+    assert cut.endswith(" says something …"), cut[-60:]
+
+
 # --- unknown project namespaces (item 2) -------------------------------------------------------
 
 
@@ -229,9 +258,9 @@ def test_local_storage_warns_only_for_the_other_nodes() -> None:
     raw = prod_raw()
     assert parse(raw).warnings() == []
     other = {"name": "k8s-worker-03", "ssh": {"host": "10.0.0.3"}, "gpu": {"product": "nvidia-a100", "count": 2},
-             "storage": {"disks": ["/dev/sdc", "/dev/sdd"]}}
+             "storage": {"disks": ["/dev/disk/by-id/wwn-0x5000c500a1b2c3e1", "/dev/disk/by-id/wwn-0x5000c500a1b2c3e2"]}}
     raw["nodes"].append(other)
-    [warning] = parse(raw).warnings()
+    [warning] = parse(raw).warnings()  # by-id names: kernel names would add their own warning
     assert warning.startswith("nodes[1].storage.disks: k8s-worker-03 partitions")
     assert "(the model volume lives on k8s-worker-02)" in warning
 

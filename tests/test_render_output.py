@@ -35,7 +35,7 @@ MALFORMED = [
     (b"", "Pulumi.bad.yaml: no `config:` section"),
     (b"config:\n  1: x\n", "Pulumi.bad.yaml: config key 1 is not a `namespace:key` name"),
     (b"config:\n  gpu-serving:hfToken:\n    secure: [1]\n", "Pulumi.bad.yaml: gpu-serving:hfToken: `secure:` holds a list"),
-    (b"config: {a: [}\n", "Pulumi.bad.yaml is not valid YAML: "),
+    (b"config: {a: [}\n", "Pulumi.bad.yaml:1:14: expected the node content, but found '}'"),
     (b"config:\n  gpu-serving:models: \xff\n", "Pulumi.bad.yaml: is not UTF-8 text"),
 ]
 
@@ -49,6 +49,40 @@ def test_a_malformed_stack_file_is_one_line_naming_it(tmp_path: Path, content: b
     assert result.stdout == ""
     assert result.stderr.startswith(f"render bad: {expected}"), result.stderr
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+
+
+# Issue 39: a YAML slip is one line, `file:line:column: what`, in words for the usual slips.
+YAML_SLIPS = [
+    ("    ingressClass: nginx", "   ingressClass: nginx", ":10:4: this line is indented differently from the keys or list items "
+     "above it (the block that starts on line 5, column 3); indent each key as far as its siblings, with spaces"),
+    ("    clusterIssuer: letsencrypt", "      clusterIssuer: letsencrypt", ":11:20: a `key: value` where a value was expected: "
+     "a line indented deeper than the one above, or a value holding ': ' that needs quotes"),
+    ("    ingressClass: nginx", "\tingressClass: nginx", ":10:1: a tab; YAML indents with spaces only"),
+]
+
+
+@pytest.mark.parametrize(("line", "slip", "expected"), YAML_SLIPS, ids=["dedented", "indented", "tab"])
+def test_a_yaml_slip_is_one_line_with_file_line_and_column(tmp_path: Path, line: str, slip: str, expected: str) -> None:
+    assert line in PROD.splitlines()[9:11]  # line 10 or 11 of Pulumi.prod.yaml
+    bad = tmp_path / "Pulumi.bad.yaml"
+    bad.write_text(PROD.replace(line, slip, 1))
+    result = render_cli("bad", "--stack-file", str(bad), "--out", str(tmp_path / "out"))
+    assert result.returncode == 1 and result.stdout == ""
+    assert result.stderr == f"render bad: Pulumi.bad.yaml{expected}\n"
+
+
+def test_a_yaml_slip_names_the_stack_file_as_it_can_be_opened(tmp_path: Path) -> None:
+    """Under the folder the render runs in, the path from there (an editor or CI annotation opens it)."""
+    folder = ROOT / "rendered" / f".yaml-slip-{tmp_path.name}"
+    folder.mkdir(parents=True)
+    try:
+        bad = folder / "Pulumi.bad.yaml"
+        bad.write_text(PROD.replace("    ingressClass: nginx", "   ingressClass: nginx", 1))
+        result = render_cli("bad", "--stack-file", str(bad), "--out", str(tmp_path / "out"))
+    finally:
+        bad.unlink(missing_ok=True)
+        folder.rmdir()
+    assert result.stderr.startswith(f"render bad: rendered/{folder.name}/Pulumi.bad.yaml:10:4: this line is indented"), result.stderr
 
 
 def test_a_mistyped_namespace_in_a_stack_file_is_an_error(tmp_path: Path) -> None:

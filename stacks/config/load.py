@@ -21,8 +21,10 @@ TOP_LEVEL_KEYS = ("cluster", "nodes", "modelStorage", "models", "hfTokenSecret")
 # Namespaces a stack file may legitimately hold besides ours: the engine's own, and the default
 # providers of the packages this program uses.
 OTHER_NAMESPACES = ("pulumi", "kubernetes", "command")
-# Longest line an error may take: a message that dumps a whole mapping helps nobody.
+# Longest line of what an error echoes (a list of keys): a message that dumps a whole mapping helps nobody.
 MAX_LINE = 300
+# Longest refusal: past it (no check writes one so long) the line is cut at a clause's end.
+MAX_REFUSAL = 1000
 MAX_KEY = 60
 
 # The expected form of every pattern-checked value, with an example. `tests/test_config.py`
@@ -260,14 +262,19 @@ def _short(value: Any) -> str:
 
 
 def _cut(line: str) -> str:
-    """One line of at most MAX_LINE characters; only the reason is shortened, never the key path."""
+    """One line. What this program echoes is bounded where it is echoed (a value to 80 characters, a key to
+    MAX_KEY, a list of keys to MAX_LINE), so a line over MAX_LINE is a refusal this program wrote, which is
+    kept whole: its last clause is usually the fix (the issue: one refusal was cut mid-sentence). Only a line
+    past MAX_REFUSAL, which no check writes, is cut, at the end of a clause and never inside the key path."""
     line = " ".join(line.split())
-    if len(line) <= MAX_LINE:
+    if len(line) <= MAX_REFUSAL:
         return line
     end = _path_end(line)
     path, reason = line[:end], line[end:]
-    room = max(MAX_LINE - len(path), 60)
-    return path + (reason if len(reason) <= room else reason[:room - 1] + "…")
+    room = max(MAX_REFUSAL - len(path), 60)
+    cut = reason[:room - 1]
+    clause = max(cut.rfind(mark) for mark in ("; ", ", ", " — ", ". ", " ("))
+    return path + (cut[:clause] if clause > len(": ") else cut).rstrip(" ,;") + " …"
 
 
 def _path_end(line: str) -> int:

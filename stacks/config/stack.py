@@ -11,6 +11,9 @@ from stacks.config.models import Model
 from stacks.config.nodes import Node
 from stacks.config.storage import ModelStorageConfig, usable_gib
 
+STABLE_DISK_NAMES = "/dev/disk/"
+"""Where udev keeps the names that do not follow probe order: by-id (the disk's WWN or serial), by-path (its slot)."""
+
 ROLLOUT_SALT_SECRET = "rolloutSalt"
 """Secret config key holding the salt of the serving pods' API-key annotation (set once, random):
 see components/serving/credentials.py for why it is a secret of its own."""
@@ -75,7 +78,21 @@ class StackConfig(_Model):
             f"at {node.storage.mountpoint} but nothing uses that array ({why}); set `storage.disks: []` to skip its disk steps"
             for i, node in enumerate(self.nodes)
             if node.storage is not None and node.prepares_disks and node.name not in used
-        ] + self._cache_warnings() + self._monitoring_warnings()
+        ] + self._disk_name_warnings() + self._cache_warnings() + self._monitoring_warnings()
+
+    def _disk_name_warnings(self) -> list[str]:
+        """Disks listed by a kernel name (`/dev/sdb`, `/dev/nvme0n1`, `/dev/vda`): probe order gives those out, so after a
+        reboot or a disk change one can name another disk, a new blank one say. Warned, not refused: a throwaway VM's
+        disks may have no other name, and the steps (preflight warns too) never add a disk to a healthy array."""
+        return [
+            f"nodes[{i}].storage.disks: {' and '.join(kernel)} {'is a kernel name' if len(kernel) == 1 else 'are kernel names'}, "
+            f"which can name another disk after a reboot or a disk change; list {node.name}'s disks by the names "
+            "`ls -l /dev/disk/by-id/` shows on it"
+            for i, node in enumerate(self.nodes)
+            if node.storage is not None
+            for kernel in [[disk for disk in node.storage.disks if not disk.startswith(STABLE_DISK_NAMES)]]
+            if kernel
+        ]
 
     def _cache_warnings(self) -> list[str]:
         """A cache node that holds no model; a model with several replicas that one node alone holds."""

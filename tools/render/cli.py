@@ -16,8 +16,10 @@ with the options that matter), `outputs.json` (stack outputs), `nodes/<node>/NN-
 exact scripts `pulumi up` sends to each node) and `policy.txt` (the policy pack's findings; a
 mandatory one fails the render and leaves only that file). Everything is written into a fresh
 folder that replaces the previous one; a failed render leaves no manifests for the stack. Secret
-values are written as `[secret]`. Two renders of one config are byte-identical. The last line
-printed lists the secrets still to set (`needs: …`).
+values are written as `[secret]`. Two renders of one config are byte-identical. After the count of what
+was written it prints the plan (tools/render/plan.py: each node's array, runtime, labels, taint and GPUs,
+each model's nodes, GPUs, replicas, URLs and startup budget, the policy pack's verdict); the last line
+lists the secrets still to set (`needs: …`). `--quiet` prints only errors.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from typing import Any
 
 from tools.render.files import check_replaceable, remove_render, write
 from tools.render.mock_engine import run_program
+from tools.render.plan import plan
 from tools.render.result import Render, RenderError
 from tools.render.stack_file import ROOT
 
@@ -41,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stack-file", type=Path, help="read the stack config from this file instead of Pulumi.<stack>.yaml")
     parser.add_argument("--deployed", type=Path, metavar="FILE",
                         help="the stack's outputs from its last pulumi up (`pulumi stack output --json`), for the checks against it")
+    parser.add_argument("--quiet", "-q", action="store_true", help="print only errors (for scripts); the exit code is the same")
     args = parser.parse_args(argv)
     out = args.out or ROOT / "rendered" / args.stack
     try:
@@ -52,8 +56,9 @@ def main(argv: list[str] | None = None) -> int:
         remove_render(out)
         print(f"render {args.stack}: {exc}", file=sys.stderr)
         return 1
-    for warning in render.warnings:
-        print(f"warning: {warning}", file=sys.stderr)
+    if not args.quiet:
+        for warning in render.warnings:
+            print(f"warning: {warning}", file=sys.stderr)
     policy = (out / "policy.txt").read_text().splitlines()
     mandatory = [line for line in policy if line.startswith("mandatory ")]
     if mandatory:
@@ -61,9 +66,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"render {args.stack}: {len(mandatory)} mandatory policy violation(s); see {out / 'policy.txt'} "
               "(no manifests were written)", file=sys.stderr)
         return 1
+    if args.quiet:
+        return 0
     kinds = len(render.kubernetes_objects())
-    print(f"rendered {args.stack}: {len(render.resources)} resources, {kinds} Kubernetes objects, "
-          f"{len(files)} files in {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}")
+    where = out.relative_to(ROOT) if out.is_relative_to(ROOT) else out
+    print(f"rendered {args.stack}: {len(render.resources)} resources, {kinds} Kubernetes objects, {len(files)} files in {where}")
+    print(plan(render, policy, str(where / "policy.txt")), end="")
     print(needs_line(render))
     return 0
 

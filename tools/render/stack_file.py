@@ -79,12 +79,44 @@ def _read_yaml_mapping(path: Path) -> dict[Any, Any]:
     except UnicodeDecodeError:
         raise RenderError(f"{path.name}: is not UTF-8 text") from None
     except yaml.YAMLError as exc:
-        raise RenderError(f"{path.name} is not valid YAML: {' '.join(str(exc).split())}") from None
+        raise RenderError(yaml_error_line(path, exc)) from None
     if document is None:
         return {}
     if not isinstance(document, dict):
         raise RenderError(f"{path.name}: the document is {_kind(document)}; it must be a mapping such as `config: {{...}}`")
     return document
+
+
+def yaml_error_line(path: Path, exc: yaml.YAMLError) -> str:
+    """A YAML syntax error as one line, `file:line:column: what`, as editors and CI annotations read it, in words
+    for the usual slips (an indentation, a tab, a `: ` in a plain value) rather than the parser's states."""
+    name = _shown(path)
+    mark = getattr(exc, "problem_mark", None)
+    if not isinstance(exc, yaml.MarkedYAMLError) or mark is None:
+        return f"{name} is not valid YAML: {' '.join(str(exc).split())}"
+    problem = " ".join((exc.problem or "").split())
+    context, context_mark = exc.context, exc.context_mark
+    if problem.startswith("expected <block end>, but found"):
+        what = "this line is indented differently from the keys or list items above it"
+        if context_mark is not None and context_mark.line != mark.line:
+            what += f" (the block that starts on line {context_mark.line + 1}, column {context_mark.column + 1})"
+        what += "; indent each key as far as its siblings, with spaces"
+    elif problem == "mapping values are not allowed here":
+        what = ("a `key: value` where a value was expected: a line indented deeper than the one above, or a value holding "
+                "': ' that needs quotes")
+    elif "'\\t' that cannot start any token" in problem:
+        what = "a tab; YAML indents with spaces only"
+    else:
+        what = problem + (f" ({context} on line {context_mark.line + 1})" if context and context_mark is not None else "")
+    return f"{name}:{mark.line + 1}:{mark.column + 1}: {what}"
+
+
+def _shown(path: Path) -> str:
+    """The stack file as the user can open it: relative to the current folder when under it, else its name."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return path.name
 
 
 def _refuse_duplicate_keys(name: str, node: yaml.Node | None, path: str = "") -> None:
