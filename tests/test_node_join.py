@@ -64,3 +64,19 @@ def test_node_certificates_name_the_node_and_its_group(tmp_path: Path) -> None:
                            capture_output=True, text=True, check=True).stdout
     assert "TLS Web Client Authentication" in usage
     assert not (pki / "ca.srl").exists(), "the serial file belongs beside the node's certificates, not in the cluster's CA folder"
+
+
+def test_a_second_node_takes_its_own_pod_range_and_gateway() -> None:
+    """The two-node checks (testbed/e2e/real_cache.py): pods of each node in a /24 of their own, each node's hub
+    CDN at its own bridge, kube-proxy treating only its own pods as local (the rest is masqueraded, so a peer's
+    pod answers the host's tunnel over the link), and disks whose serials differ from the first node's."""
+    from testbed.e2e import real_cache
+
+    bridge = next(p for p in json.loads(join.cni_config(real_cache.POD_CIDR_B))["plugins"] if p["type"] == "bridge")
+    assert bridge["ipam"]["ranges"] == [[{"subnet": real_cache.POD_CIDR_B}]]
+    assert not ipaddress.ip_network(real_cache.POD_CIDR_B).overlaps(ipaddress.ip_network(join.POD_CIDR))
+    assert ipaddress.ip_address(real_cache.POD_GATEWAY_B) == next(ipaddress.ip_network(real_cache.POD_CIDR_B).hosts())
+    assert yaml.safe_load(join.kube_proxy_config(real_cache.POD_CIDR_B))["clusterCIDR"] == real_cache.POD_CIDR_B
+    assert not {name for name, _ in real_cache.DISKS_B} & {"gs-disk-a", "gs-disk-b"}
+    assert real_cache.weights_sha256(real_cache.WEIGHTS_B) != real_cache.weights_sha256(real_cache.WEIGHTS)
+    assert set(real_cache.REAL_NODE_CHECKS) < set(real_cache.ALL_REAL_CHECKS)

@@ -2,6 +2,7 @@
 
     python -m testbed.e2e                 # all checks, report in e2e-out/report.json
     python -m testbed.e2e --keep          # keep the temporary project, state and VM folder
+    python -m testbed.e2e --real-only     # only the real-node and two-node checks (real_node.py, real_cache.py)
 
 Needs `make engine` (the CLI, the Python language host and the kubernetes and command providers,
 built from pinned Go modules) and the VM image of testbed/vm. Everything happens in a temporary

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import shutil
 import subprocess
 import tempfile
@@ -50,6 +51,8 @@ SERVICE_CIDR = "10.96.0.0/16"
 """The loopback API server's --service-cluster-ip-range."""
 POD_GATEWAY = "10.244.0.1"
 """The bridge's address, which the CNI's host-local IPAM gives the gateway: the node as pods see it."""
+LINK_PREFIX = "192.168.77"
+"""The guests' own link (RealNode.link): node i is LINK_PREFIX.i on it."""
 BUNDLE_DISK = "gs-node-bundle"
 BUNDLE_MOUNT = "/opt/gs-node"
 
@@ -77,14 +80,22 @@ version = 3
   BinaryName = '/usr/sbin/runc'
 """
 
-CNI_CONFIG = json.dumps({
-    "cniVersion": "1.0.0", "name": "gs-pods",
-    "plugins": [
-        {"type": "bridge", "bridge": "cni0", "isGateway": True, "ipMasq": False, "hairpinMode": True,
-         "ipam": {"type": "host-local", "ranges": [[{"subnet": POD_CIDR}]], "routes": [{"dst": "0.0.0.0/0"}]}},
-        {"type": "portmap", "capabilities": {"portMappings": True}},
-    ],
-}, indent=1)
+
+
+def cni_config(pod_cidr: str) -> str:
+    """The bridge CNI's configuration: pods of this node in `pod_cidr` (distinct per node: a peer's pods are
+    reached by a static route over the guests' link, see RealNode.link)."""
+    return json.dumps({
+        "cniVersion": "1.0.0", "name": "gs-pods",
+        "plugins": [
+            {"type": "bridge", "bridge": "cni0", "isGateway": True, "ipMasq": False, "hairpinMode": True,
+             "ipam": {"type": "host-local", "ranges": [[{"subnet": pod_cidr}]], "routes": [{"dst": "0.0.0.0/0"}]}},
+            {"type": "portmap", "capabilities": {"portMappings": True}},
+        ],
+    }, indent=1)
+
+
+CNI_CONFIG = cni_config(POD_CIDR)
 
 UNINITIALIZED_TAINT = "node.cloudprovider.kubernetes.io/uninitialized"
 
@@ -108,13 +119,19 @@ serializeImagePulls: false
 readOnlyPort: 0
 """
 
-KUBE_PROXY_CONFIG = f"""\
+def kube_proxy_config(pod_cidr: str) -> str:
+    """kube-proxy's configuration. `clusterCIDR` is this node's pods: a connection to a Service from anything else
+    (the host's `ssh -L` through this node's sshd) is masqueraded, so a peer node's pod answers it over the link."""
+    return f"""\
 apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
 mode: nftables
 clientConnection: {{kubeconfig: /etc/kubernetes/kube-proxy.kubeconfig}}
-clusterCIDR: {POD_CIDR}
+clusterCIDR: {pod_cidr}
 """
+
+
+KUBE_PROXY_CONFIG = kube_proxy_config(POD_CIDR)
 
 
 def unit(description: str, exec_start: str, *, after: str = "network.target", notify: bool = False) -> str:
@@ -191,8 +208,10 @@ class RealNode:
     """One lab VM joined to the loopback cluster as Node `name` (see the module's docstring)."""
 
     def __init__(self, vm: Any, name: str, cluster_dir: Path, apiserver_port: int, images: list[str], work: Path,
-                 hub_port: int | None = None, kubelet_port: int = 10250) -> None:
+                 hub_port: int | None = None, kubelet_port: int = 10250, pod_cidr: str = POD_CIDR) -> None:
         self.vm, self.name, self.cluster_dir = vm, name, cluster_dir
+        self.pod_cidr = pod_cidr
+        """This node's pods (the bridge's host-local range); a second node takes another /24."""
         self.kubelet_port = kubelet_port
         """The kubelet's port in the guest and, forwarded, on the host's 127.0.0.1: the API server dials it."""
         self.apiserver_port, self.hub_port = apiserver_port, hub_port
@@ -220,9 +239,9 @@ class RealNode:
             "/etc/kubernetes/kubelet.kubeconfig": ("0600", kubeconfig("kubelet")),
             "/etc/kubernetes/kube-proxy.kubeconfig": ("0600", kubeconfig("kube-proxy")),
             "/etc/containerd/config.toml": ("0644", CONTAINERD_CONFIG),
-            "/etc/cni/net.d/10-gs-pods.conflist": ("0644", CNI_CONFIG),
+            "/etc/cni/net.d/10-gs-pods.conflist": ("0644", cni_config(self.pod_cidr)),
             "/var/lib/kubelet/config.yaml": ("0644", f"{KUBELET_CONFIG}port: {self.kubelet_port}\n"),
-            "/etc/kubernetes/kube-proxy.yaml": ("0644", f"{KUBE_PROXY_CONFIG}hostnameOverride: {self.name}\n"),
+            "/etc/kubernetes/kube-proxy.yaml": ("0644", f"{kube_proxy_config(self.pod_cidr)}hostnameOverride: {self.name}\n"),
             # br_netfilter is never loaded on demand: without it a reply from a Service's pod on the
             # same bridge skips the un-DNAT.
             "/etc/modules-load.d/gs-node.conf": ("0644", "overlay\nbr_netfilter\n"),
@@ -258,6 +277,32 @@ class RealNode:
                 return
             time.sleep(0.2)
         raise RuntimeError("the API server forward did not come up in 20 s")
+
+    def link(self, index: int, local_port: int, peer_port: int, routes: dict[str, int]) -> str:
+        """A second NIC hot-plugged into the running guest (its saved boot has one): a qemu `socket` netdev over
+        UDP between two ports of the host's 127.0.0.1, this guest's `local_port` to its peer's `peer_port`, so the
+        two guests share an Ethernet link and nothing else does. The guest is LINK_PREFIX.`index` on it, and
+        `routes` (a peer's pod CIDR -> that peer's index) send each peer node's pods over it: pods and
+        Services of one node reach the other's pods, unmasqueraded. systemd-networkd configures the NIC from
+        a .network file matching its MAC, written before the plug. Returns the guest's interface name."""
+        mac = f"52:54:00:77:00:{index:02x}"
+        network = (f"[Match]\nMACAddress={mac}\n[Network]\nAddress={LINK_PREFIX}.{index}/24\nLinkLocalAddressing=no\n"
+                   + "".join(f"[Route]\nDestination={cidr}\nGateway={LINK_PREFIX}.{peer}\n" for cidr, peer in routes.items()))
+        self.vm.put_file(network, "/etc/systemd/network/05-gs-link.network", "0644")
+        self.vm.ssh("networkctl reload")
+        # The last root port: the extra disks take the first ones, in declaration order.
+        bus = f"gs-rp{self.vm.root_ports - 1}"
+        for command in (f"netdev_add socket,id=link0,udp=127.0.0.1:{peer_port},localaddr=127.0.0.1:{local_port}",
+                        f"device_add virtio-net-pci,netdev=link0,id=link0nic,mac={mac},bus={bus},romfile="):
+            out = self.vm.monitor(command, timeout=30)
+            reply = re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", out.split(command, 1)[-1]).replace("(qemu)", "").strip()
+            if reply not in ("", "OK"):
+                raise RuntimeError(f"monitor {command!r}: {reply}")
+        return self.vm.ssh(
+            f"for i in $(seq 150); do dev=$(ip -o link | awk -F': ' '/{mac}/{{print $2}}');"
+            f" [ -n \"$dev\" ] && ip -o -4 addr show dev \"$dev\" | grep -q ' {LINK_PREFIX}.{index}/'"
+            f" && ip route show {next(iter(routes))} | grep -q . && echo \"$dev\" && exit 0; sleep 0.2; done;"
+            " echo 'the link NIC did not come up' >&2; ip -o addr >&2; exit 1").stdout.strip()
 
     def stop_forwards(self) -> None:
         if self.forward is not None:
