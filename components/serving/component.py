@@ -278,7 +278,7 @@ class VllmService(pulumi.ComponentResource):
             job = k8s.batch.v1.Job(
                 f"{name}-download-{node}",
                 metadata=meta(node_download_job_name(model, node), "model-download"),
-                spec=job_spec(model, args.cluster, args.claim_name, True, node=node),
+                spec=job_spec(model, args.cluster, args.claim_name, storage_is_local=True, node=node),
                 opts=pulumi.ResourceOptions(parent=self, depends_on=[*secrets, cache_node], delete_before_replace=True,
                                             custom_timeouts=wait),
             )

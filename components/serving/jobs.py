@@ -224,7 +224,7 @@ def job_spec(
         ],
         # No GPU. Node-local storage: the PV's node affinity already picks the storage
         # node, which is a GPU node, so only its taint needs tolerating.
-        tolerations=[gpu_toleration(cluster)] if storage_is_local or node is not None else None,
+        tolerations=[gpu_toleration(cluster)] if storage_is_local else None,
         node_selector={"kubernetes.io/hostname": node} if node is not None else None,
     )
 

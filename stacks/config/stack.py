@@ -98,13 +98,13 @@ class StackConfig(_Model):
         """A cache node that holds no model; a model with several replicas that one node alone holds."""
         if self.model_storage.type != "nodeCache" or not self.models:
             return []
-        idle = [n.name for n in self.cache_nodes() if not any(n in self.holders(m) for m in self.models)]
-        warned = [f"modelStorage.nodes: {name} caches no model (no model of its product and GPU resource, or none lists it "
-                  "in models[].nodes): its array and GPUs are unused" for name in idle]
-        for i, model in enumerate(self.models):
-            holders = self.holders(model)
-            if len(holders) == 1 and model.replicas.max > 1:
-                warned.append(f"models[{i}].nodes: only {holders[0].name} holds {model.name}'s weights, so all its replicas run "
+        holders = [self.holders(m) for m in self.models]
+        holding = {n.name for nodes in holders for n in nodes}
+        warned = [f"modelStorage.nodes: {n.name} caches no model (no model of its product and GPU resource, or none lists it "
+                  "in models[].nodes): its array and GPUs are unused" for n in self.cache_nodes() if n.name not in holding]
+        for i, (model, holders_of) in enumerate(zip(self.models, holders, strict=True)):
+            if len(holders_of) == 1 and model.replicas.max > 1:
+                warned.append(f"models[{i}].nodes: only {holders_of[0].name} holds {model.name}'s weights, so all its replicas run "
                               "there and losing it stops the model; list another node of its product")
         return warned
 

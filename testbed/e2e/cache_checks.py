@@ -103,8 +103,7 @@ class CacheEndToEnd(DayTwoEndToEnd):
             pinned[node] = job["metadata"]["name"]
         require(sorted(pinned) == list(HOLDERS), f"download Jobs on {sorted(pinned)}, expected {list(HOLDERS)}")
         # The labels: the cache label on all four, the weights label on the holders only.
-        selector = self.get("deployment", f"vllm-{CACHE_MODEL}", "-n", CACHE_NAMESPACE)["spec"]["template"]["spec"]["nodeSelector"]
-        (weights,) = [k for k in selector if ".weights.gpu-serving.io/" in k]
+        weights = self.weights_key()
         labels = {n: self.get("node", n)["metadata"]["labels"] for n in CACHE_NODES}
         unlabelled = [n for n in CACHE_NODES if labels[n].get(f"cache.gpu-serving.io/{CACHE_NAMESPACE}") != "ready"]
         require(not unlabelled, f"cache nodes without the cache label: {unlabelled}")

@@ -78,9 +78,10 @@ def check_capacity(stack: StackConfig) -> None:
     """Each cache node's array must fit the models it holds (with nodeCache the stack-wide volume size means nothing)."""
     if stack.model_storage.type != "nodeCache":
         return
+    holding = {m.name: {n.name for n in stack.holders(m)} for m in stack.models}
     for node in stack.cache_nodes():
         assert node.storage is not None
-        held = [m for m in stack.models if node in stack.holders(m)]
+        held = [m for m in stack.models if node.name in holding[m.name]]
         total = sum(held_gb(m) for m in held)
         gib = usable_gib(node.storage.size_gb)
         if total > gib * 2**30 / 10**9:
@@ -100,12 +101,13 @@ def check_survive_node_loss(stack: StackConfig) -> None:
     if storage.type == "local":
         raise _at("cluster.surviveNodeLoss", f"modelStorage.type local keeps every model on {storage.node}: losing it stops "
                   "them all; use nodeCache (every node serves from its own array) or shared storage")
+    holders = {m.name: stack.holders(m) for m in stack.models}
     for lost in stack.nodes:
-        _check_without(stack, lost)
+        _check_without(stack, holders, lost)
 
 
-def _check_without(stack: StackConfig, lost: Node) -> None:
-    left = {m.name: [n for n in stack.holders(m) if n is not lost] for m in stack.models}
+def _check_without(stack: StackConfig, holders: dict[str, list[Node]], lost: Node) -> None:
+    left = {name: [n for n in nodes if n is not lost] for name, nodes in holders.items()}
     for i, model in enumerate(stack.models):
         if not left[model.name]:
             raise _at("cluster.surviveNodeLoss", f"without {lost.name}, models[{i}] ({model.name}) has no node left that can "
