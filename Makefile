@@ -96,7 +96,7 @@ test-vm: $(STAMP)
 	bash testbed/vm/install-host-deps.sh
 	GS_VM_TESTS=1 $(PY) -m pytest -q -n auto --dist loadfile --durations=20 tests/vm
 
-SHELL_SCRIPTS = $(wildcard components/node/scripts/*.sh components/serving/programs/*.sh testbed/vm/*.sh testbed/vm/fakes/*.sh testbed/engine/*.sh testbed/cluster/*.sh testbed/checkers/*.sh .ci/run)
+SHELL_SCRIPTS = $(wildcard components/node/scripts/*.sh components/serving/programs/*.sh testbed/vm/*.sh testbed/vm/fakes/*.sh testbed/engine/*.sh testbed/cluster/*.sh testbed/checkers/*.sh testbed/endpoint/*.sh .ci/run)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
@@ -141,6 +141,7 @@ engine:
 
 e2e: $(STAMP) engine
 	bash testbed/cluster/build.sh
+	bash testbed/endpoint/build.sh >/dev/null
 	bash testbed/vm/install-host-deps.sh
 	$(PY) -m testbed.e2e
 

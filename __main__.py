@@ -4,6 +4,7 @@ import pulumi
 
 import stacks
 from components.cluster import ClusterArgs, ClusterBase, applied_annotations, kubernetes_provider
+from components.endpoint import TeamEndpoint, TeamEndpointArgs
 from components.node import GpuNodeArgs, gpu_nodes, labelled_for
 from components.prerequisites import warn_missing
 from components.serving import VllmService, VllmServiceArgs, adapter_rules, needs_adapter_rules, reference_grant
@@ -32,6 +33,7 @@ nodes = gpu_nodes(
             private_key=stacks.secret(node.ssh.private_key_secret),
             host_key=stacks.secret(node.ssh.host_key_secret) if node.ssh.host_key_secret else None,
             caches_models=node in cache_nodes,
+            sharing_configs=cluster.sharing_configs,
         )
         for node in config.nodes
     ],
@@ -83,11 +85,28 @@ services = [
             namespace=cluster.namespace,
             after=(*cluster.serving_needs, *labelled_for(nodes, model.gpu_product)),
             holders={node.name: nodes[node.name].node_patch for node in config.holders(model)} if cache_nodes else {},
+            on_endpoint=config.on_endpoint(model),
         ),
         opts=kubernetes,
     )
     for model in config.models
 ]
+
+if config.tenants:
+    endpoint = TeamEndpoint(
+        "endpoint",
+        TeamEndpointArgs(
+            cluster=config.cluster,
+            tenants=tuple(config.tenants),
+            models=tuple(m for m in config.models if config.on_endpoint(m)),
+            keys={t.name: tuple(stacks.secret(key) for key in t.api_key_secrets) for t in config.tenants}
+            if config.writes_secrets else None,
+            namespace=cluster.namespace,
+            after=tuple(s for m, s in zip(config.models, services, strict=True) if config.on_endpoint(m)),
+        ),
+        opts=kubernetes,
+    )
+    pulumi.export("endpoint", endpoint.urls)
 
 pulumi.export("prometheusAdapterRules", cluster.adapter_rules)
 pulumi.export(

@@ -47,6 +47,10 @@ def kubernetes_provider(cluster: ClusterConfig, kubeconfig_secret: pulumi.Input[
         context=source.context,
         namespace=cluster.namespace,
         enable_server_side_apply=True,
+        # A team's key rotation must update its Secret in place: by default the provider replaces a Secret whose data
+        # changes, deleting it first (its name is fixed), and Envoy Gateway refuses the team's requests until it is
+        # back. Only with the teams' endpoint, so that other stacks' provider stays as it was.
+        enable_secret_mutable=True if cluster.endpoint is not None else None,
     )
 
 
@@ -200,6 +204,8 @@ class ClusterBase(pulumi.ComponentResource):
     """`namespace/name` of the prometheus-adapter rules ConfigMap, when the stack has HPAs."""
     serving_needs: list[pulumi.Resource]
     """What the serving pods need before they are created (the PriorityClass: admission refuses a pod naming a missing one)."""
+    sharing_configs: list[pulumi.Resource]
+    """The device plugin's and the MIG manager's ConfigMaps: a node's labels that name their entries come after them."""
 
     def __init__(self, name: str, args: ClusterArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("gpu-serving:cluster:ClusterBase", name, None, opts)
@@ -227,6 +233,7 @@ class ClusterBase(pulumi.ComponentResource):
             self.serving_needs.append(k8s.scheduling.v1.PriorityClass(
                 f"{name}-priority-class", **priority, opts=pulumi.ResourceOptions(parent=self, retain_on_delete=True)
             ))
+        self.sharing_configs = self._sharing_configs(name, cluster, args.nodes)
         shared = time_slicing_configs(args.nodes)
         plugin = device_plugin(cluster, shared=shared)
         if plugin is not None:
@@ -234,8 +241,9 @@ class ClusterBase(pulumi.ComponentResource):
             for config in shared:
                 variant = device_plugin(cluster, config=config)
                 assert variant is not None  # enabled, as the plain one
-                k8s.apps.v1.DaemonSet(f"{name}-device-plugin-{config}", **variant, opts=pulumi.ResourceOptions(parent=self))
-        self._sharing_configs(name, cluster, args.nodes)
+                # Its pods mount their config's key of the ConfigMap: written first, they never wait on a missing key.
+                k8s.apps.v1.DaemonSet(f"{name}-device-plugin-{config}", **variant,
+                                      opts=pulumi.ResourceOptions(parent=self, depends_on=self.sharing_configs))
         self.adapter_rules = pulumi.Output.from_input(None)
         if args.adapter_rules is not None:
             adapter = cluster.prometheus_adapter
@@ -250,16 +258,19 @@ class ClusterBase(pulumi.ComponentResource):
             self._dashboards(name, cluster, args, namespace)
         self.register_outputs({"namespace": self.namespace, "adapterRules": self.adapter_rules})
 
-    def _sharing_configs(self, name: str, cluster: ClusterConfig, nodes: tuple[Node, ...]) -> None:
+    def _sharing_configs(self, name: str, cluster: ClusterConfig, nodes: tuple[Node, ...]) -> list[pulumi.Resource]:
         """In the namespaces of the programs that read them; the nodes' labels name their entries."""
+        written: list[pulumi.Resource] = []
         configs = device_plugin_configs(nodes)
         if configs:
             plugin = cluster.device_plugin
-            self._config_map(f"{name}-device-plugin-config", cluster, plugin.namespace, plugin.config_map_name, configs)
+            written.append(self._config_map(f"{name}-device-plugin-config", cluster, plugin.namespace, plugin.config_map_name, configs))
         layouts = mig_parted_config(nodes)
         if layouts is not None:
             manager = cluster.mig_manager
-            self._config_map(f"{name}-mig-parted-config", cluster, manager.namespace, manager.config_map_name, {"config.yaml": layouts})
+            written.append(self._config_map(f"{name}-mig-parted-config", cluster, manager.namespace, manager.config_map_name,
+                                            {"config.yaml": layouts}))
+        return written
 
     def _dashboards(self, name: str, cluster: ClusterConfig, args: ClusterArgs, namespace: pulumi.Resource | None) -> None:
         """One ConfigMap a dashboard (components/dashboards), labelled for the Grafana sidecar; in the stack's

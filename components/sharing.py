@@ -4,6 +4,15 @@ layouts, and the node labels that pick them. Pure: the ConfigMaps are created by
 NVIDIA's device plugin (its Helm chart, or the GPU Operator's) reads one ConfigMap of named configs and runs,
 on each node, the one its label `nvidia.com/device-plugin.config` names (`default` where there is none); the
 MIG manager partitions a node's cards as its label `nvidia.com/mig.config` names an entry of its own config.
+
+Both programs read their ConfigMap as a mounted volume, which the kubelet refreshes only on its own sync (up to a
+minute and more after the write), and both act on a label change at once: the MIG manager with the file as its
+pod sees it, failing for good (`nvidia.com/mig.config.state=failed`, retried only on the next label change) when
+that file lacks the entry; the device plugin's config manager exits and is restarted with back-off. No order of
+the writes in one `pulumi up` can wait for the kubelet, so neither file depends on which entries the nodes name:
+each holds every entry a stack can name (every layout `Mig` accepts, every `TimeSlicing.replicas`), each entry's
+name is its content, and a label only ever moves between entries its program's file has held since the file was
+written. The label patches still come after the ConfigMaps (components.node), for the first `up` that writes them.
 """
 
 from __future__ import annotations
@@ -15,7 +24,7 @@ import yaml
 
 from stacks.config import Node
 from stacks.config.cluster import GPU_REPLICAS_LABEL, mig_count_label
-from stacks.config.sharing import Sharing, ordered
+from stacks.config.sharing import REPLICAS, Sharing, every_layout, ordered
 
 DEVICE_PLUGIN_CONFIG_LABEL = "nvidia.com/device-plugin.config"
 MIG_CONFIG_LABEL = "nvidia.com/mig.config"
@@ -59,24 +68,26 @@ def plugin_config(sharing: Sharing | None) -> str:
 
 
 def device_plugin_configs(nodes: Sequence[Node]) -> dict[str, str]:
-    """The ConfigMap's data: `default` (no sharing, for nodes without the label) and one config per kind of sharing
-    in the stack; empty when no node shares its cards."""
-    shared = [n.gpu.sharing for n in nodes if n.gpu.sharing is not None]
-    if not shared:
+    """The ConfigMap's data: `default` (no sharing, for nodes without the label) and every config a node can be
+    labelled with (MIG's, and time-slicing's at every replicas), whichever the nodes name; empty when no node
+    shares its cards."""
+    if not any(n.gpu.sharing is not None for n in nodes):
         return {}
-    configs = {DEFAULT_CONFIG: plugin_config(None)} | {s.device_plugin_config: plugin_config(s) for s in shared}
+    # MIG's config is one for every layout (its flags only): any accepted layout stands for them all.
+    every = [Sharing.model_validate({"mig": {"card": "A100-80GB", "profiles": {"7g.80gb": 1}}})] + [
+        Sharing.model_validate({"timeSlicing": {"replicas": r}}) for r in REPLICAS]
+    configs = {DEFAULT_CONFIG: plugin_config(None)} | {s.device_plugin_config: plugin_config(s) for s in every}
     return dict(sorted(configs.items()))
 
 
 def mig_parted_config(nodes: Sequence[Node]) -> str | None:
-    """The MIG manager's `config.yaml` (mig-parted's `version: v1` format): each layout of the stack's MIG nodes, for
-    every card of the node, and `all-disabled`; None when no node uses MIG."""
-    layouts = {n.gpu.sharing.mig.config_name: n.gpu.sharing.mig for n in nodes if n.gpu.sharing is not None and n.gpu.sharing.mig}
-    if not layouts:
+    """The MIG manager's `config.yaml` (mig-parted's `version: v1` format): `all-disabled` and every layout a stack
+    can name, for every card of the node; None when no node uses MIG."""
+    if not any(n.gpu.sharing is not None and n.gpu.sharing.mig for n in nodes):
         return None
     configs: dict[str, Any] = {MIG_DISABLED: [{"devices": "all", "mig-enabled": False}]}
-    for name, mig in sorted(layouts.items()):
-        configs[name] = [{"devices": "all", "mig-enabled": True, "mig-devices": dict(ordered(mig.profiles))}]
+    for name, profiles in every_layout().items():
+        configs[name] = [{"devices": "all", "mig-enabled": True, "mig-devices": profiles}]
     return yaml.safe_dump({"version": "v1", "mig-configs": configs}, sort_keys=False)
 
 

@@ -2,7 +2,7 @@
 
     python -m testbed.bench_engine                 # make bench-engine (needs make engine; boots lab VMs)
     python -m testbed.bench_engine --update-docs   # into docs/ (tracked); --out F: elsewhere
-    python -m testbed.bench_engine --quick         # 1 run, fleet sizes 1×1 and 2×3, no VM (~3 min): checks
+    python -m testbed.bench_engine --quick         # 1 run, fleet size 2×3, no VM (~2 min): checks
                                                    # the benchmark works, figures too noisy to publish
 
 Measured in one run, so the ratios hold on any machine:

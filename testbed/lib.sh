@@ -22,6 +22,23 @@ module_dir() {
 	sed -n 's/^\t"Dir": "\(.*\)",$/\1/p' <<<"$json"
 }
 
+# endpoint_crds DEST: the CRDs of the teams' endpoint (testbed/cluster/versions.env) into DEST, for the loopback
+# cluster and the schema checks alike. Envoy Gateway keeps its CRDs in a Helm chart: its `{{ }}` guard lines go.
+endpoint_crds() {
+	local dest=$1 src f
+	mkdir -p "$dest"
+	src=$(module_dir "sigs.k8s.io/gateway-api-inference-extension@$INFERENCE_EXTENSION_VERSION")/config/crd/bases
+	install -m 0644 "$src/inference.networking.k8s.io_inferencepools.yaml" \
+		"$src/inference.networking.x-k8s.io_inferenceobjectives.yaml" \
+		"$src/inference.networking.x-k8s.io_inferencemodelrewrites.yaml" "$dest/"
+	src=$(module_dir "github.com/envoyproxy/ai-gateway@$AI_GATEWAY_VERSION")/manifests/charts/ai-gateway-crds-helm/templates
+	install -m 0644 "$src/aigateway.envoyproxy.io_aigatewayroutes.yaml" "$src/aigateway.envoyproxy.io_aiservicebackends.yaml" "$dest/"
+	src=$(module_dir "github.com/envoyproxy/gateway@$ENVOY_GATEWAY_VERSION")/charts/gateway-crds-helm/templates/generated
+	for f in securitypolicies backendtrafficpolicies; do
+		grep -v '^{{' "$src/gateway.envoyproxy.io_$f.yaml" >"$dest/gateway.envoyproxy.io_$f.yaml"
+	done
+}
+
 # wrapper DIR MODULE@VERSION [OLD=NEW@VERSION...]: a module that requires MODULE, so a main package
 # of a module with relative replace lines builds with published versions in their place. Kept (and
 # reused) once its go.sum exists.

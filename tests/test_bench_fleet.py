@@ -326,6 +326,12 @@ def test_growth_needs_three_sizes() -> None:
     assert growth([result(1, 1, 28, (3, 2)), result(2, 3, 60, (4, 3))]) is None
 
 
+def test_one_size_reports_no_slope() -> None:
+    report = markdown([result(2, 3, 60, (4.0, 3.0))], None, 1, "pulumi v0", None)
+    assert "| 2 × 3 | 60 (" in report
+    assert "- **Growth**: one size measured, so no slope" in report
+
+
 # ---------------------------------------------------------------------------- the quick run, on the real engine
 
 

@@ -288,15 +288,17 @@ def test_the_smoke_digest_does_not_move_with_the_hub_endpoint() -> None:
 
 
 def test_the_pods_command_and_args_reach_vllm_sim(prod: Render) -> None:
-    """The Deployment sets only `args`: they follow the image's Entrypoint, which must end where
-    `vllm serve` would. The Jobs set `command`, which replaces it."""
+    """The Deployment runs `vllm serve` by name: the image's `vllm` on PATH hands its arguments to the stand-in,
+    which must read them as `vllm serve` would. The image's own Entrypoint does the same. The Jobs set their own."""
     digests, files = built(images.DEFAULT_HF_ENDPOINT)
     entrypoint = config_of(files, digests[images.VLLM_SIM])["Entrypoint"]
-    assert entrypoint[:2] == ["python3", "/opt/gs/vllm_sim.py"]
+    assert entrypoint == ["python3", "/opt/gs/vllm_sim.py", "serve"]
     (deployment,) = prod.of_type("kubernetes:apps/v1:Deployment")
     (server,) = deployment.inputs["spec"]["template"]["spec"]["containers"]
-    assert "command" not in server
-    args, unknown = vllm_sim.parse_args([*entrypoint[2:], *server["args"]])
+    assert server["command"] == ["vllm", "serve"]
+    assert images.VLLM_SHIM.path == "usr/local/bin/vllm" and images.VLLM_SHIM.mode == 0o755
+    assert images.VLLM_SHIM.data.splitlines()[-1] == b'exec python3 /opt/gs/vllm_sim.py "$@"'
+    args, unknown = vllm_sim.parse_args([*server["command"][1:], *server["args"]])
     assert args.model == server["args"][0] and not unknown
     commands = {tuple(job.inputs["spec"]["template"]["spec"]["containers"][0]["command"][:2])
                 for job in prod.of_type("kubernetes:batch/v1:Job")}

@@ -18,6 +18,7 @@ import yaml
 from components import prerequisites
 from components.prerequisites import check, needs
 from stacks.config import parse
+from tests.test_serving_gateway import behind_gateway
 from tools.render import ROOT, run_program
 
 TOKEN = "test-token-not-a-secret"
@@ -136,7 +137,7 @@ def test_hpa_needs_the_adapter_namespace_and_the_custom_metrics_api(api, tmp_pat
 def test_the_gateway_edge_needs_the_gateway_api_and_its_gateway(api, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     server, handler = api
     raw = prod_raw()
-    raw["cluster"] = {**raw["cluster"], "edge": "gateway", "gateway": {"name": "public", "namespace": "edge"}}
+    raw["cluster"] = behind_gateway(raw["cluster"], {"name": "public", "namespace": "edge"})
     for model in raw["models"]:
         model["ingress"].pop("tlsSecret", None)  # the Gateway's listener terminates TLS
     route_crd = f"{CRDS}/httproutes.gateway.networking.k8s.io"
@@ -178,7 +179,8 @@ def test_a_held_model_needs_the_http_add_on_and_its_interceptor(api, tmp_path: P
 
 
 def test_a_held_route_needs_the_reference_grant_crd() -> None:
-    raw = held_raw(edge="gateway", gateway={"name": "public", "namespace": "edge"})
+    raw = held_raw()
+    raw["cluster"] = behind_gateway(raw["cluster"], {"name": "public", "namespace": "edge"})
     raw["models"][0]["ingress"].pop("tlsSecret")
     assert f"{CRDS}/referencegrants.gateway.networking.k8s.io" in {need.path for need in needs(parse(raw))}
     assert f"{CRDS}/referencegrants.gateway.networking.k8s.io" not in {need.path for need in needs(parse(held_raw()))}

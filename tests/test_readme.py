@@ -64,6 +64,11 @@ RUN_ELSEWHERE = {
 # Commands no test can run here, and why. Keep the reason true; a command leaving the docs must
 # leave this list too (checked below).
 NEEDS_A_REAL_SETUP = {
+    'curl https://apps.ai.example.com/v1/models -H "Authorization: Bearer $APPS_KEY"':
+        "needs Envoy Gateway with Envoy AI Gateway in front of the pools: no Envoy can be had here (docs/endpoint.md)",
+    'curl https://apps.ai.example.com/v1/chat/completions -H "Authorization: Bearer $APPS_KEY" -H \'Content-Type: '
+    'application/json\' -d \'{"model": "mistral", "stream": true, "messages": [{"role": "user", "content": "hi"}]}\'':
+        "needs Envoy Gateway with Envoy AI Gateway in front of the pools: no Envoy can be had here (docs/endpoint.md)",
     "export PULUMI_CONFIG_PASSPHRASE=...":
         "a placeholder for the operator's passphrase; e2e exports a random one",
     "pulumi login file:///srv/pulumi-state":

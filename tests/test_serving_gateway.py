@@ -3,6 +3,7 @@ and held to the same edge rules as an Ingress."""
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import pytest
@@ -14,10 +15,18 @@ from tools.render import Render
 
 HTTPROUTE = "kubernetes:gateway.networking.k8s.io/v1:HTTPRoute"
 GATEWAY = {"name": "public", "namespace": "gateway-system", "sectionName": "https"}
+GATEWAY_PEERS = {"ingressNamespace": "gateway-system", "ingressPodLabels": {"gateway.envoyproxy.io/owning-gateway-name": "public"}}
+
+
+def behind_gateway(cluster: dict[str, Any], gateway: dict[str, Any] = GATEWAY) -> dict[str, Any]:
+    """A cluster block moved to the Gateway edge as it must be: no cert-manager issuer (the Gateway's listener holds
+    the certificate) and the Gateway's data-plane pods, not ingress-nginx's, admitted to the model port."""
+    return {k: v for k, v in cluster.items() if k != "clusterIssuer"} | {"edge": "gateway", "gateway": gateway,
+                                                                         "network": copy.deepcopy(GATEWAY_PEERS)}
 
 
 def gateway_cluster(**extra: Any) -> dict[str, Any]:
-    return prod_raw()["cluster"] | {"edge": "gateway", "gateway": GATEWAY, **extra}
+    return behind_gateway(prod_raw()["cluster"]) | extra
 
 
 def gateway_model(**ingress: Any) -> dict[str, Any]:

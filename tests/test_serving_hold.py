@@ -22,6 +22,7 @@ from stacks.config import ConfigError, Model, parse
 from stacks.config.budgets import IMAGE_PULL_S, startup_budget_seconds
 from tests import checkers
 from tests.test_serving import DEPLOYMENT, INGRESS, JOB, SCALED_OBJECT, SERVICE, assert_valid, prod_raw
+from tests.test_serving_gateway import behind_gateway
 from tools.render import ROOT, Render, manifests_yaml, policy_violations, redact, resources_json, run_program
 
 EXAMPLE = ROOT / "docs" / "examples" / "scale-to-zero.yaml"
@@ -162,7 +163,7 @@ def test_the_smoke_test_wakes_the_model_through_the_hold(example: Render) -> Non
 
 def test_the_gateway_edge_reaches_the_interceptor_under_a_reference_grant() -> None:
     raw = example_raw()
-    cluster = raw["cluster"] | {"edge": "gateway", "gateway": {"name": "public", "namespace": "gateway"}}
+    cluster = behind_gateway(raw["cluster"], {"name": "public", "namespace": "gateway"})
     models = copy.deepcopy(raw["models"])
     for model in models:
         model["ingress"].pop("tlsSecret")

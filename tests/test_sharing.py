@@ -5,6 +5,7 @@ the MIG manager's configs plus the node labels that select them."""
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import subprocess
 import sys
@@ -14,11 +15,12 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
+from pydantic import ValidationError
 
 from components.cluster import device_plugin
 from components.sharing import device_plugin_configs, mig_parted_config, sharing_labels
 from stacks.config import ConfigError, parse
-from stacks.config.sharing import MIG_CARDS, Mig
+from stacks.config.sharing import MIG_CARDS, REPLICAS, Mig
 from testbed.cluster.nodes import node_args
 from tests.test_render import KUBERNETES_VERSION, NO_SCHEMA
 from tools.render import ROOT, run_program
@@ -227,28 +229,117 @@ def test_node_local_storage_counts_the_home_nodes_shares() -> None:
 # ---------------------------------------------------------------------------- rendered
 
 
-def test_the_device_plugin_gets_one_config_per_kind_of_sharing(example) -> None:  # type: ignore[no-untyped-def]
+def test_the_device_plugin_gets_every_config_a_node_can_name(example) -> None:  # type: ignore[no-untyped-def]
     config_map = named(example, "ConfigMap", "gpu-serving-device-plugin-config")
     assert config_map["metadata"]["namespace"] == "gpu-operator"
     configs = {key: yaml.safe_load(text) for key, text in config_map["data"].items()}
-    assert configs == {
-        "default": {"version": "v1", "flags": {"migStrategy": "none"}},
-        "gpu-serving-mig-mixed": {"version": "v1", "flags": {"migStrategy": "mixed"}},
-        "gpu-serving-time-slicing-2": {"version": "v1", "flags": {"migStrategy": "none"}, "sharing": {"timeSlicing": {
-            "renameByDefault": True, "failRequestsGreaterThanOne": True,
-            "resources": [{"name": "nvidia.com/gpu", "replicas": 2}]}}},
-    }
+    assert set(configs) == {"default", "gpu-serving-mig-mixed"} | {f"gpu-serving-time-slicing-{r}" for r in REPLICAS}
+    assert configs["default"] == {"version": "v1", "flags": {"migStrategy": "none"}}
+    assert configs["gpu-serving-mig-mixed"] == {"version": "v1", "flags": {"migStrategy": "mixed"}}
+    for replicas in REPLICAS:
+        assert configs[f"gpu-serving-time-slicing-{replicas}"] == {
+            "version": "v1", "flags": {"migStrategy": "none"}, "sharing": {"timeSlicing": {
+                "renameByDefault": True, "failRequestsGreaterThanOne": True,
+                "resources": [{"name": "nvidia.com/gpu", "replicas": replicas}]}}}
 
 
-def test_the_mig_manager_gets_the_layouts_and_all_disabled(example) -> None:  # type: ignore[no-untyped-def]
+def test_the_mig_manager_gets_every_layout_and_all_disabled(example) -> None:  # type: ignore[no-untyped-def]
     config_map = named(example, "ConfigMap", "gpu-serving-mig-parted-config")
     assert config_map["metadata"]["namespace"] == "gpu-operator"
     layouts = yaml.safe_load(config_map["data"]["config.yaml"])
-    assert layouts == {"version": "v1", "mig-configs": {
-        "all-disabled": [{"devices": "all", "mig-enabled": False}],
-        "gpu-serving-1x3g.40gb-1x2g.20gb-2x1g.10gb": [
-            {"devices": "all", "mig-enabled": True, "mig-devices": {"3g.40gb": 1, "2g.20gb": 1, "1g.10gb": 2}}],
-    }}
+    assert layouts["version"] == "v1"
+    configs = layouts["mig-configs"]
+    assert configs["all-disabled"] == [{"devices": "all", "mig-enabled": False}]
+    assert configs["gpu-serving-1x3g.40gb-1x2g.20gb-2x1g.10gb"] == [
+        {"devices": "all", "mig-enabled": True, "mig-devices": {"3g.40gb": 1, "2g.20gb": 1, "1g.10gb": 2}}]
+    # Each entry is its name: the layout `Mig` names so, on some card it knows.
+    for name, entry in configs.items():
+        if name == "all-disabled":
+            continue
+        assert name in {mig.config_name for mig in _accepting(entry[0]["mig-devices"])}, name
+
+
+def _accepting(profiles: dict[str, int]) -> list[Mig]:
+    """The layout on every card that accepts it."""
+    accepted = []
+    for card in MIG_CARDS:
+        try:
+            accepted.append(Mig(card=card, profiles=profiles))  # type: ignore[arg-type]
+        except ValidationError:
+            continue
+    return accepted
+
+
+def _brute_force_layouts(card: str, most: int) -> dict[str, dict[str, int]]:
+    """Every layout `Mig` accepts on `card` with at most `most` of each profile, tried one by one."""
+    profiles = list(MIG_CARDS[card].profiles)
+    accepted = {}
+    for counts in itertools.product(range(most + 1), repeat=len(profiles)):
+        chosen = {p: n for p, n in zip(profiles, counts, strict=True) if n}
+        if not chosen:
+            continue
+        try:
+            mig = Mig(card=card, profiles=chosen)  # type: ignore[arg-type]
+        except ValidationError:
+            continue
+        accepted[mig.config_name] = dict(chosen)
+    return accepted
+
+
+@pytest.mark.parametrize("card", sorted(MIG_CARDS))
+def test_every_layout_a_stack_can_name_is_in_the_mig_managers_file(card: str) -> None:
+    """A layout change moves the label to an entry the file (as the manager's pod sees it) has held all along."""
+    configs = yaml.safe_load(mig_parted_config(parse(example_raw()).nodes) or "")["mig-configs"]
+    accepted = _brute_force_layouts(card, most=4)
+    assert accepted
+    for name, profiles in accepted.items():
+        assert configs[name][0]["mig-devices"] == profiles, name
+    # Seven of the smallest fill a card: the file goes beyond what the brute force above tries.
+    smallest = next(iter(MIG_CARDS[card].profiles))
+    assert Mig(card=card, profiles={smallest: MIG_CARDS[card].compute_slices}).config_name in configs  # type: ignore[arg-type]
+
+
+def test_a_layout_or_replicas_change_leaves_both_files_as_they_were() -> None:
+    """What each program reads does not depend on what the nodes pick: no write of it to wait for."""
+    before = parse(example_raw())
+    raw = example_raw()
+    raw["nodes"][SLICED]["gpu"]["sharing"] = {"timeSlicing": {"replicas": 7}}
+    raw["nodes"][MIG_NODE]["gpu"]["sharing"]["mig"]["profiles"] = {"7g.80gb": 1}
+    raw["models"] = []
+    after = parse(raw)
+    assert sharing_labels(after.nodes[SLICED]) != sharing_labels(before.nodes[SLICED])
+    assert sharing_labels(after.nodes[MIG_NODE]) != sharing_labels(before.nodes[MIG_NODE])
+    assert device_plugin_configs(after.nodes) == device_plugin_configs(before.nodes)
+    assert mig_parted_config(after.nodes) == mig_parted_config(before.nodes)
+    plugin, layouts = device_plugin_configs(after.nodes), yaml.safe_load(mig_parted_config(after.nodes) or "")["mig-configs"]
+    assert sharing_labels(after.nodes[SLICED])["nvidia.com/device-plugin.config"] == "gpu-serving-time-slicing-7" in plugin
+    assert sharing_labels(after.nodes[MIG_NODE])["nvidia.com/mig.config"] == "gpu-serving-1x7g.80gb" in layouts
+
+
+def test_the_mig_managers_file_fits_a_configmap(example) -> None:  # type: ignore[no-untyped-def]
+    # The API server refuses a ConfigMap over 1 MiB; keep well clear of it as cards are added.
+    text = named(example, "ConfigMap", "gpu-serving-mig-parted-config")["data"]["config.yaml"]
+    assert len(text.encode()) < 256 * 1024
+
+
+def test_a_sharing_nodes_labels_come_after_the_configmaps_they_name(example) -> None:  # type: ignore[no-untyped-def]
+    """For the `up` that first writes them (and one that adds entries): the label never reaches the API server first."""
+    maps = {r.inputs["metadata"]["name"]: r.urn for r in example.of_type("kubernetes:core/v1:ConfigMap")}
+    wanted = {maps["gpu-serving-device-plugin-config"], maps["gpu-serving-mig-parted-config"]}
+    patches = {r.inputs["metadata"]["name"]: r for r in example.of_type("kubernetes:core/v1:NodePatch")}
+    assert set(patches) == {"gpu-l40s-1", "gpu-a100-1"}
+    for patch in patches.values():
+        assert wanted <= set(patch.options.get("dependsOn", [])), patch.name
+
+
+def test_a_node_without_sharing_does_not_wait_for_them() -> None:
+    raw = example_raw()
+    plain = {**copy.deepcopy(raw["nodes"][SLICED]), "name": "gpu-plain-1"}
+    plain["gpu"] = {k: v for k, v in plain["gpu"].items() if k != "sharing"}
+    raw["nodes"].append(plain)
+    result = run_program("sharing", stack_file=EXAMPLE, overrides={f"gpu-serving:{k}": json.dumps(v) for k, v in raw.items()})
+    patch = next(r for r in result.of_type("kubernetes:core/v1:NodePatch") if r.inputs["metadata"]["name"] == "gpu-plain-1")
+    assert not [urn for urn in patch.options.get("dependsOn", []) if "ConfigMap" in urn]
 
 
 def test_the_node_labels_select_the_configs_they_name(example) -> None:  # type: ignore[no-untyped-def]
@@ -335,6 +426,9 @@ def test_the_stacks_own_device_plugin_runs_each_time_slicing_config_on_its_nodes
     # The plugin reads its config from its own namespace.
     config_map = named(result, "ConfigMap", "gpu-serving-device-plugin-config")
     assert config_map["metadata"]["namespace"] == sliced["metadata"]["namespace"] == "kube-system"
+    # Its pods mount their key of the ConfigMap: the DaemonSet comes after it.
+    variant = next(r for r in result.of_type("kubernetes:apps/v1:DaemonSet") if r.inputs["metadata"]["name"].endswith("slicing-2"))
+    assert any(urn.endswith("ConfigMap::cluster-device-plugin-config") for urn in variant.options.get("dependsOn", []))
     for obj in result.kubernetes_objects():
         if (obj["apiVersion"], obj["kind"]) not in NO_SCHEMA:
             kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)

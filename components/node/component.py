@@ -45,6 +45,8 @@ class GpuNodeArgs:
     """The previous node's runtime step: this node's runtime step waits for it (`gpu_nodes` sets it)."""
     caches_models: bool = False
     """A node of the stack's node cache (`modelStorage.type: nodeCache`): labelled for the cache volume once its array is mounted."""
+    sharing_configs: list[pulumi.Resource] = field(default_factory=list)
+    """The ConfigMaps whose entries a node with `gpu.sharing` is labelled with (ClusterBase.sharing_configs)."""
 
 
 class GpuNode(pulumi.ComponentResource):
@@ -117,9 +119,11 @@ class GpuNode(pulumi.ComponentResource):
             )
 
         # Labels and taint only once the runtime can start GPU containers, and on a cache node once its array is
-        # mounted: the cache volume's pods may land wherever the label is.
+        # mounted: the cache volume's pods may land wherever the label is. A sharing node's labels name entries of
+        # the sharing ConfigMaps, which NVIDIA's programs act on as soon as they see the label: after those are written.
         runtime = self.runtime_step = self.commands.get(RUNTIME_STEP)
-        labelled_after = ([runtime] if runtime else []) + (self.storage_ready if args.caches_models else [])
+        labelled_after = (([runtime] if runtime else []) + (self.storage_ready if args.caches_models else [])
+                          + (args.sharing_configs if node.gpu.sharing is not None else []))
         self.node_patch = k8s.core.v1.NodePatch(
             f"{node.name}-gpu",
             metadata=k8s.meta.v1.ObjectMetaPatchArgs(

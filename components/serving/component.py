@@ -36,6 +36,20 @@ from components.serving.names import (
     secret_name,
     weights_label,
 )
+from components.serving.picker import (
+    CONFIG,
+    CONFIG_FILE,
+    INFERENCE_GROUP,
+    PICKER_COMPONENT,
+    data_plane_peer,
+    inference_pool_spec,
+    picker_deployment_spec,
+    picker_labels,
+    picker_name,
+    picker_network_policy_spec,
+    picker_service_spec,
+    role_rules,
+)
 from components.serving.server import deployment_spec
 from stacks.config import ClusterConfig, Model
 from stacks.config.budgets import IMAGE_PULL_S, deployment_timeout_seconds, download_deadline_seconds
@@ -60,6 +74,8 @@ class VllmServiceArgs:
     after: tuple[pulumi.Resource, ...] = ()
     """What the serving pods need first: cluster-wide objects (ClusterBase.serving_needs: the PriorityClass)
     and the label patches of the nodes they select (components.node.labelled_for)."""
+    on_endpoint: bool = False
+    """Behind the teams' endpoint (`cluster.endpoint`): an InferencePool and its endpoint picker (picker.py)."""
     holders: dict[str, pulumi.Resource] = field(default_factory=dict)
     """With a node cache (`modelStorage.type: nodeCache`): the nodes that hold the model's weights, each with what
     labels it a cache node (GpuNode.node_patch); `claim_name` is then the cache's claim. Empty: one shared volume."""
@@ -144,10 +160,15 @@ class VllmService(pulumi.ComponentResource):
             ),
         )
         service = k8s.core.v1.Service(f"{name}-service", metadata=meta(base, "inference-server"), spec=service_spec(model), opts=child)
+        endpoint_peers = ()
+        if args.on_endpoint:
+            endpoint_peers = (data_plane_peer(cluster), k8s.networking.v1.NetworkPolicyPeerArgs(
+                pod_selector=k8s.meta.v1.LabelSelectorArgs(match_labels=picker_labels(model))))
+            self._pool(name, model, cluster, meta, deployment)
         k8s.networking.v1.NetworkPolicy(
             f"{name}-network-policy",
             metadata=meta(base, "inference-server"),
-            spec=network_policy_spec(model, cluster, namespace),
+            spec=network_policy_spec(model, cluster, namespace, endpoint_peers),
             opts=child,
         )
         k8s.policy.v1.PodDisruptionBudget(
@@ -263,6 +284,34 @@ class VllmService(pulumi.ComponentResource):
                 "deployment": deployment.metadata.apply(lambda m: m.name),
             }
         )
+
+    def _pool(self, name: str, model: Model, cluster: ClusterConfig, meta: Any, deployment: pulumi.Resource) -> None:
+        """The InferencePool the teams' routes name, and its picker with exactly the reads it needs."""
+        picker, child = picker_name(model), pulumi.ResourceOptions(parent=self)
+        k8s.core.v1.ServiceAccount(f"{name}-picker-account", metadata=meta(picker, PICKER_COMPONENT), opts=child)
+        role = k8s.rbac.v1.Role(f"{name}-picker-role", metadata=meta(picker, PICKER_COMPONENT), rules=role_rules(), opts=child)
+        k8s.rbac.v1.RoleBinding(
+            f"{name}-picker-role-binding", metadata=meta(picker, PICKER_COMPONENT),
+            role_ref=k8s.rbac.v1.RoleRefArgs(api_group="rbac.authorization.k8s.io", kind="Role", name=picker),
+            subjects=[k8s.rbac.v1.SubjectArgs(kind="ServiceAccount", name=picker, namespace=cluster.namespace)],
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[role]),
+        )
+        config = k8s.core.v1.ConfigMap(f"{name}-picker-config", metadata=meta(picker, PICKER_COMPONENT),
+                                       data={CONFIG_FILE: CONFIG}, opts=child)
+        k8s.networking.v1.NetworkPolicy(f"{name}-picker-network-policy", metadata=meta(picker, PICKER_COMPONENT),
+                                        spec=picker_network_policy_spec(model, cluster), opts=child)
+        pool = k8s.apiextensions.CustomResource(
+            f"{name}-pool", api_version=f"{INFERENCE_GROUP}/v1", kind="InferencePool",
+            metadata=meta(object_name(model), "inference-server"), spec=inference_pool_spec(model),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[deployment]),
+        )
+        k8s.apps.v1.Deployment(
+            f"{name}-picker", metadata=meta(picker, PICKER_COMPONENT),
+            spec=picker_deployment_spec(model, cluster, cluster.namespace, labels(model, PICKER_COMPONENT)),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[config, pool]),
+        )
+        k8s.core.v1.Service(f"{name}-picker-service", metadata=meta(picker, PICKER_COMPONENT), spec=picker_service_spec(model),
+                            opts=child)
 
     def _fill_caches(
         self, name: str, args: VllmServiceArgs, meta: Any, secrets: list[pulumi.Resource], wait: pulumi.CustomTimeouts,

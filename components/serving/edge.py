@@ -114,7 +114,9 @@ def _peer(namespace: str, pod_labels: dict[str, str] | None) -> k8s.networking.v
     )
 
 
-def network_policy_spec(model: Model, cluster: ClusterConfig, namespace: str) -> k8s.networking.v1.NetworkPolicySpecArgs:
+def network_policy_spec(
+    model: Model, cluster: ClusterConfig, namespace: str, endpoint_peers: tuple[k8s.networking.v1.NetworkPolicyPeerArgs, ...] = (),
+) -> k8s.networking.v1.NetworkPolicySpecArgs:
     """Only the API port, and only from: the edge's proxy pods (when the model has `ingress`), the
     Prometheus pods (vLLM serves `/metrics` on the API port, so they reach the port, not only the
     path), the model's own smoke-test pods, and `network.clientNamespaces`. The download Job's
@@ -122,9 +124,12 @@ def network_policy_spec(model: Model, cluster: ClusterConfig, namespace: str) ->
 
     A model at `replicas.min: 0` admits the interceptor instead of the edge, the smoke test and the
     clients, who all call it through the hold: a request that went straight to the pods would not
-    count as activity, so the model could be stopped under it (and at zero it would fail)."""
+    count as activity, so the model could be stopped under it (and at zero it would fail).
+
+    A model on the teams' endpoint admits `endpoint_peers` (the Gateway's Envoy pods and its picker) in the edge's
+    place: it has no key of its own, so nothing else may reach it (the config refuses `clientNamespaces` then)."""
     net, config = k8s.networking.v1, cluster.network
-    peers = []
+    peers = list(endpoint_peers)
     if model.scales_to_zero:
         assert cluster.request_hold is not None
         peers.append(_peer(cluster.request_hold.namespace, cluster.request_hold.interceptor_pod_labels))

@@ -29,10 +29,13 @@ from stacks.config.budgets import PROBE_PERIOD_S, deployment_timeout_seconds, st
 from stacks.config.cluster import GFD_PRODUCT_LABEL
 from stacks.config.sharing import resource_name
 
+SERVE_COMMAND = ["vllm", "serve"]
+"""Set, never left to the image: an image whose entrypoint is the older `python3 -m vllm.entrypoints.openai.api_server`
+would read the positional model differently (it wants `--model`), so what runs would depend on the tag."""
+
 
 def container_args(model: Model) -> list[str]:
-    """Arguments to the image's `vllm serve` entrypoint. The model is the positional argument:
-    `--model` is deprecated in `vllm serve`."""
+    """Arguments to `vllm serve`. The model is the positional argument: `--model` is deprecated in `vllm serve`."""
     return [
         model.hugging_face_id,
         f"--revision={model.revision}",
@@ -202,6 +205,7 @@ def pod_spec(
                 image=model.image,
                 # Restarts must not depend on the registry, as they must not depend on the hub.
                 image_pull_policy="IfNotPresent",
+                command=SERVE_COMMAND,
                 args=container_args(model),
                 ports=[k8s.core.v1.ContainerPortArgs(name="http", container_port=PORT, protocol="TCP")],
                 env=server_env(model, api_key),

@@ -17,6 +17,8 @@ from . import (
     coldstart,
     commands,
     edge,
+    endpoint,
+    mig,
     monitoring,
     network,
     podsecurity,
@@ -29,8 +31,8 @@ from .core import ADVISORY, MANDATORY, Resource, Rule, Violation, evaluate, form
 
 ALL_RULES: list[Rule] = [
     *workloads.RULES, *servers.RULES, *reproducible.RULES, *storage.RULES, *cache.RULES, *commands.RULES, *capacity.RULES,
-    *autoscaling.RULES,
-    *edge.RULES, *network.RULES, *podsecurity.RULES, *monitoring.RULES, *coldstart.RULES,
+    *mig.RULES, *autoscaling.RULES,
+    *edge.RULES, *endpoint.RULES, *network.RULES, *podsecurity.RULES, *monitoring.RULES, *coldstart.RULES,
 ]
 
 

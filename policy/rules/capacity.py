@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from . import k8s
 from .autoscaling import max_replicas, scalers
-from .core import MANDATORY, Resource, Rule, attempt
+from .core import ADVISORY, MANDATORY, Resource, Rule, attempt
 from .k8s import GPU, Workload, as_map, dig, to_int, workloads
 
 
@@ -156,6 +156,29 @@ def check_shared_memory(resources: list[Resource], cfg: Mapping) -> Iterator[tup
             f"{node.replicas} of them add up to 1.0 or less, or share the card among fewer pods.")
 
 
+def check_nodes_declared(resources: list[Resource], cfg: Mapping) -> Iterator[tuple[Resource, str]]:
+    # Hand-written YAML seldom holds Node objects: say what went unchecked rather than pass in silence.
+    product_label, nodes = labelled_nodes(resources, cfg)
+    if nodes:
+        return
+    all_scalers = scalers(resources)
+    gpu_pods = [(w, attempt(max_replicas, w, all_scalers, default=1)) for w in workloads(resources) if w.gpu_resources]
+    shares = sorted((share for w, pods in gpu_pods if w.gpu_resources.get(k8s.GPU_SHARED)
+                     for share in [memory_share(w)] if share is not None for _ in range(pods)), reverse=True)
+    for w, pods in gpu_pods:
+        asks = " + ".join(f"{n} {name}" for name, n in sorted(w.gpu_resources.items()))
+        message = (f"asks for {asks} per pod on up to {pods} pod(s), but no Node or NodePatch here declares "
+                   f"{product_label} and {cfg['gpuCountLabel']}: gpu-capacity and gpu-shared-memory cannot tell whether "
+                   f"the GPUs, time-slices or MIG instances exist (pass the nodes too, e.g. `kubectl get nodes -o yaml`).")
+        share = memory_share(w) if w.gpu_resources.get(k8s.GPU_SHARED) else None
+        if share is not None and len(shares) > 1 and round(shares[0] + shares[1], 6) > 1:
+            # Any two time-slices may be one card: the device plugin picks it, and every time-sliced card has 2 or more.
+            message += (f" Time-slicing isolates no memory, and two of the time-sliced pods here take "
+                        f"{shares[0]:g} + {shares[1]:g} = {shares[0] + shares[1]:g} of a card if they meet on one: the later "
+                        f"fails to start unless the nodes have enough cards to keep them apart.")
+        yield w.resource, message
+
+
 def _fmt(supply: Mapping[tuple[str, str], int]) -> str:
     return ", ".join(f"{p}{'' if r == GPU else ' ' + r}: {n}" for (p, r), n in sorted(supply.items())) or "none"
 
@@ -172,4 +195,6 @@ RULES = [
          MANDATORY, check_gpu_capacity, config=GPU_NODE_LABELS),
     Rule("gpu-shared-memory", "vLLM pods that may meet on one time-sliced card add up to at most all of its memory.",
          MANDATORY, check_shared_memory, config=GPU_NODE_LABELS),
+    Rule("gpu-nodes-declared", "GPU workloads come with the nodes' labels, without which their capacity and shared memory "
+         "go unchecked (advisory: hand-written YAML seldom holds Nodes).", ADVISORY, check_nodes_declared, config=GPU_NODE_LABELS),
 ]

@@ -112,7 +112,37 @@ def check_request_hold(resources: list[Resource], cfg: Mapping) -> Iterator[tupl
                 yield edge, problem
 
 
+def check_hold_target(resources: list[Resource], _cfg: Mapping) -> Iterator[tuple[Resource, str]]:
+    """The interceptor forwards a held request to scaleTargetRef's Service and port: they must lead to the workload."""
+    services = {(k8s.namespace(r.view), str(dig(r.view, "metadata", "name"))): r for r in k8s.kinds_in(resources, frozenset({k8s.SERVICE}))}
+    by_name = {(w.namespace, w.resource.kind, str(w.name)): w for w in workloads(resources)}
+    for hold in holds(resources):
+        service = services.get((hold.namespace, hold.service))
+        if service is None:
+            continue  # defined elsewhere: nothing to compare
+        ref = as_map(dig(hold.resource.view, "spec", "scaleTargetRef"))
+        ports = [as_map(p) for p in as_list(dig(service.view, "spec", "ports"))]
+        port, port_name = to_int(ref.get("port")), ref.get("portName")
+        if (port is not None and port not in {to_int(p.get("port")) for p in ports}) or \
+                (port_name is not None and port_name not in {p.get("name") for p in ports}):
+            offered = ", ".join(f"{p.get('name')}:{p.get('port')}" for p in ports)
+            yield hold.resource, (
+                f"scaleTargetRef sends held requests to port {port if port is not None else port_name} of Service "
+                f"{hold.service}, which serves {offered or 'no port'}: the interceptor wakes the model and then cannot "
+                f"reach it, so every held request fails. Give the Service's port (its `port`, not the targetPort).")
+        workload = by_name.get((hold.namespace, hold.target_kind, hold.target_name))
+        selector = as_map(dig(service.view, "spec", "selector"))
+        if workload is not None and not k8s.selects(selector, k8s.pod_labels(workload.resource)):
+            yield hold.resource, (
+                f"scaleTargetRef wakes {hold.target_kind} {hold.target_name} but sends the requests to Service {hold.service}, "
+                f"which does not select its pods: the model that starts is not the one that answers (or nothing answers). "
+                f"Name the Service of {hold.target_name}.")
+
+
 RULES = [
+    Rule("vllm-hold-target",
+         "An HTTPScaledObject forwards held requests to a port its Service serves, and that Service selects the workload "
+         "it wakes.", MANDATORY, check_hold_target),
     Rule("vllm-request-hold",
          "An HTTPScaledObject holding the requests of a vLLM workload waits out its startup probe and its longest answer, "
          "and the edge in front of it waits as long.",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import itertools
 import json
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 
 from . import k8s
 from .core import ADVISORY, MANDATORY, Resource, Rule, attempt
@@ -231,6 +231,63 @@ def check_lora_modules(resource: Resource, _cfg: Mapping) -> Iterator[str]:
                        f"Download it to the model volume and give its path there.")
 
 
+# vLLM's LoRAConfig flags (vllm/engine/arg_utils.py): without --enable-lora no LoRAConfig is built and each is ignored.
+LORA_ONLY_FLAGS = frozenset({
+    "--lora-modules", "--max-loras", "--max-lora-rank", "--max-cpu-loras", "--lora-dtype", "--fully-sharded-loras",
+    "--lora-extra-vocab-size", "--enable-lora-bias", "--long-lora-scaling-factors", "--default-mm-loras",
+    "--lora-target-modules", "--specialize-active-lora",
+})
+HUB_FOLDER = re.compile(r"(?:^|/)models--([^/]+)--([^/]+)(?:/|$)")
+
+
+def hub_repo(path: str) -> str | None:
+    """`/models/hub/models--Qwen--Qwen3-8B/snapshots/<sha>` → `Qwen/Qwen3-8B` (the hub cache's folder names)."""
+    match = HUB_FOLDER.search(path)
+    return f"{match.group(1)}/{match.group(2)}" if match else None
+
+
+def flag_values(tokens: Sequence[str], name: str) -> list[str]:
+    """Every value of a flag that takes several (`--served-model-name a b`)."""
+    values: list[str] = []
+    for i, token in enumerate(tokens):
+        if token.startswith(name + "="):
+            values.append(token.split("=", 1)[1])
+        elif token == name:
+            values += itertools.takewhile(lambda t: not t.startswith("-"), tokens[i + 1:])
+    return values
+
+
+def check_lora_flags(resource: Resource, _cfg: Mapping) -> Iterator[str]:
+    spec = k8s.pod_template(resource)
+    for c in k8s.containers(spec or {}):
+        if not k8s.is_vllm_server(c):
+            continue
+        name, tokens = container_name(c), lora_tokens(c)
+        if "--enable-lora" not in tokens:
+            used = sorted({t.split("=", 1)[0] for t in tokens} & LORA_ONLY_FLAGS)
+            if used:
+                yield (f"container '{name}' sets {', '.join(used)} without --enable-lora: vLLM then builds no LoRA "
+                       f"configuration and ignores them, so no adapter is served. Add --enable-lora, or remove them.")
+            continue
+        model = k8s.vllm_model(tokens)
+        served = flag_values(tokens, "--served-model-name") or ([model] if model else [])
+        base = hub_repo(model) if model and model.startswith("/") else model
+        for adapter, path in lora_modules(tokens):
+            if adapter in served:
+                # vLLM resolves a request's "model" to the base first: the adapter is never used.
+                yield (f"container '{name}': LoRA adapter '{adapter}' has the served model's name, and vLLM answers that "
+                       f"name with the base model, so the adapter is never used. Give the adapter a name of its own.")
+            if base and hub_repo(path) == base:
+                yield (f"container '{name}': LoRA adapter '{adapter}' at {path!r} is the base model's own snapshot "
+                       f"({base}), not an adapter: vLLM finds no adapter_config.json there and stops at start. Give the "
+                       f"adapter repository's snapshot.")
+        max_loras = to_int(k8s.flag_value(tokens, "--max-loras")) or 1
+        cpu = to_int(k8s.flag_value(tokens, "--max-cpu-loras"))
+        if cpu is not None and cpu < max_loras:
+            yield (f"container '{name}' has --max-cpu-loras {cpu} below --max-loras {max_loras}: vLLM refuses to start "
+                   f"(\"max_cpu_loras must be >= max_loras\"). Raise --max-cpu-loras or lower --max-loras.")
+
+
 # --- a drain keeps the model up ----------------------------------------------------------
 
 PDB = "kubernetes:policy/v1:PodDisruptionBudget"
@@ -281,6 +338,9 @@ RULES = [
     Rule("vllm-lora-modules-on-volume",
          "A vLLM server loads its --lora-modules from absolute paths on a PersistentVolumeClaim (the model volume).",
          MANDATORY, check_lora_modules, k8s.WORKLOADS),
+    Rule("vllm-lora-flags", "A vLLM server's LoRA flags take effect and start: --enable-lora with them, adapters named apart "
+         "from the model and not the base's own snapshot, --max-cpu-loras at least --max-loras.", MANDATORY, check_lora_flags,
+         k8s.WORKLOADS),
     Rule("vllm-server-flags",
          "A vLLM server has no literal --api-key or --hf-token, no --disable-log-stats, no hand-set CUDA/NVIDIA_VISIBLE_DEVICES, "
          "and a --gpu-memory-utilization in (0, 1].",

@@ -51,6 +51,8 @@ IMAGE = r"^[a-z0-9][a-z0-9._/:-]*[a-z0-9](:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}|@sh
 K8sName = Annotated[str, StringConstraints(pattern=DNS_LABEL, max_length=63)]
 NodeName = Annotated[str, StringConstraints(pattern=DNS_SUBDOMAIN, max_length=253)]
 LabelValue = Annotated[str, StringConstraints(pattern=LABEL_VALUE, max_length=63)]
+LABEL_KEY = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+PodLabels = dict[Annotated[str, StringConstraints(pattern=LABEL_KEY)], LabelValue]
 SafePath = Annotated[str, StringConstraints(pattern=SAFE_PATH, max_length=255)]
 # A container image by tag, by digest, or both (`repo:tag@sha256:…`: the digest decides what runs).
 ImageRef = Annotated[

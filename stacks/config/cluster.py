@@ -8,7 +8,20 @@ from typing import Annotated, Literal
 
 from pydantic import Field, StringConstraints, field_validator, model_validator
 
-from stacks.config.base import DNS_DOMAIN, ImageRef, K8sName, LabelValue, SecretKeyName, _at, _Model, refuse_loopback
+from stacks.config.base import (
+    CIDR,
+    DNS_DOMAIN,
+    LABEL_KEY,
+    ImageRef,
+    K8sName,
+    LabelValue,
+    PodLabels,
+    SecretKeyName,
+    _at,
+    _Model,
+    refuse_loopback,
+)
+from stacks.config.endpoint import Endpoint
 
 # The project's own node label keys: GPU Feature Discovery owns `nvidia.com/gpu.*` and rewrites them
 # (`nvidia.com/gpu.product=NVIDIA-A100-SXM4-80GB`), so labels the stack force-set there would flap.
@@ -27,7 +40,6 @@ def mig_count_label(profile: str) -> str:
 # Folders `make render` and `make clean` replace or remove (tools/render.py, Makefile).
 WIPED_FOLDERS = ("rendered", "bench-out")
 PROJECT_DIR = Path(__file__).resolve().parents[2]
-LABEL_KEY = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
 
 
 class Kubeconfig(_Model):
@@ -106,9 +118,6 @@ class Monitoring(_Model):
     (`searchNamespace: ALL`); a Grafana chart installed on its own searches only its own: name that one here."""
 
 
-PodLabels = dict[Annotated[str, StringConstraints(pattern=LABEL_KEY)], LabelValue]
-
-
 class Network(_Model):
     """Who may reach the model servers inside the cluster, and which resolver they may ask. vLLM's
     API key guards `/v1` only: `/metrics`, `/tokenize`, `/invocations` and the admin endpoints
@@ -128,6 +137,9 @@ class Network(_Model):
     """Namespace of the cluster DNS, the only resolver the serving pods may ask."""
     dns_pod_labels: PodLabels = {"k8s-app": "kube-dns"}
     """Labels of the cluster DNS pods (CoreDNS and kube-dns both carry `k8s-app: kube-dns`)."""
+    api_server_cidrs: list[Annotated[str, StringConstraints(pattern=CIDR)]] = []
+    """Addresses of the Kubernetes API server as the pods reach it (`kubectl get endpoints kubernetes`): the endpoint
+    pickers watch their pods there. Required with `cluster.endpoint` (a NetworkPolicy cannot name the API server)."""
 
 
 class RequestHold(_Model):
@@ -198,7 +210,10 @@ class ClusterConfig(_Model):
     edge: Literal["ingress", "gateway"] = "ingress"
     """How models with `ingress` are exposed: an Ingress for ingress-nginx, or a Gateway API HTTPRoute to `gateway`."""
     gateway: Gateway | None = None
-    """The Gateway HTTPRoutes attach to; required with `edge: gateway`."""
+    """The Gateway HTTPRoutes attach to; required with `edge: gateway` and with `endpoint`."""
+    endpoint: Endpoint | None = None
+    """One OpenAI base URL per team (`tenants`) for every model it may use, on `gateway` with Envoy AI Gateway
+    (docs/endpoint.md); unset: each model has its own edge (`models[].ingress`)."""
     ingress_class: K8sName = "nginx"
     """`ingressClassName` of every model Ingress; the nginx annotations assume ingress-nginx."""
     cluster_issuer: K8sName | None = None
@@ -273,6 +288,19 @@ class ClusterConfig(_Model):
     def _gateway_for_routes(self) -> ClusterConfig:
         if self.edge == "gateway" and self.gateway is None:
             raise _at("cluster.gateway", "required with `edge: gateway` (name and namespace of the Gateway the routes attach to)")
+        return self
+
+    @model_validator(mode="after")
+    def _endpoint_needs(self) -> ClusterConfig:
+        if self.endpoint is None:
+            return self
+        if self.gateway is None:
+            raise _at("cluster.gateway", "required with `cluster.endpoint`: the Envoy Gateway Gateway (name, namespace) "
+                                         "whose listener serves *.<endpoint.domain>")
+        if not self.network.api_server_cidrs:
+            raise _at("cluster.network.apiServerCidrs", "required with `cluster.endpoint`: the endpoint pickers watch their "
+                                                        "pods at the API server, and a NetworkPolicy can only name it by "
+                                                        "address (`kubectl get endpoints kubernetes`)")
         return self
 
     @field_validator("render_yaml_to")

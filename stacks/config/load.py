@@ -17,7 +17,7 @@ from stacks.config.models import GPU_RESOURCE
 from stacks.config.sharing import MIG_PROFILE
 from stacks.config.stack import StackConfig
 
-TOP_LEVEL_KEYS = ("cluster", "nodes", "modelStorage", "models", "hfTokenSecret")
+TOP_LEVEL_KEYS = ("cluster", "nodes", "modelStorage", "models", "tenants", "hfTokenSecret")
 # Namespaces a stack file may legitimately hold besides ours: the engine's own, and the default
 # providers of the packages this program uses.
 OTHER_NAMESPACES = ("pulumi", "kubernetes", "command")

@@ -296,6 +296,9 @@ class Model(_Model):
     """After each rollout, a Job asks the model for one token; `pulumi up` fails when inference does not answer."""
     lora: Lora | None = None
     """LoRA adapters served on top of this model (`--enable-lora`); unset: none."""
+    endpoint: bool | None = None
+    """With `cluster.endpoint`: behind the teams' endpoint (an InferencePool and a picker; default); false: only its own
+    `ingress`, if any."""
     nodes: list[NodeName] | None = Field(None, min_length=1)
     """With `modelStorage.type: nodeCache`: the nodes that hold its weights and may run its pods (for small arrays);
     unset: every cache node of its `gpuProduct` that advertises its `gpuResource`."""

@@ -6,9 +6,11 @@ import posixpath
 import re
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
-from stacks.config.base import RAID_NAME, LabelValue, NodeName, SafePath, SecretKeyName, _Model, refuse_port
+from policy.rules.mig import product_contradicts
+from stacks.config.base import IPV4, RAID_NAME, LabelValue, NodeName, SafePath, SecretKeyName, _Model, refuse_port
+from stacks.config.models import _at_key
 from stacks.config.sharing import Sharing, advertised
 
 
@@ -28,6 +30,22 @@ class Ssh(_Model):
     @classmethod
     def _no_port_in_host(cls, host: str) -> str:
         return refuse_port(host, "set the host to {name!r} and the port in `port` (ssh.port: {port})")
+
+    @field_validator("host")
+    @classmethod
+    def _an_address_of_a_machine(cls, host: str) -> str:
+        if IPV4.match(host):
+            octets = [int(o) for o in host.split(".")]
+            if max(octets) > 255:
+                raise ValueError("not an IPv4 address (each part is 0-255): ssh would look it up as a "
+                                 "host name and fail; give the node's address or DNS name")
+            if octets[0] == 0:
+                # 0.0.0.0 is "this host": ssh reaches the machine running pulumi, which the node steps would then change.
+                raise ValueError("no machine's address (0.x.x.x means this host: the steps would run on the "
+                                 "machine running pulumi); give the node's address or DNS name")
+        elif host.strip(":") == "" or host in ("::0", "0:0:0:0:0:0:0:0"):
+            raise ValueError("the unspecified IPv6 address, no machine's; give the node's address or DNS name")
+        return host
 
     @field_validator("user")
     @classmethod
@@ -53,6 +71,18 @@ class Gpu(_Model):
     def advertised(self) -> dict[str, int]:
         """What the node's device plugin advertises, by resource name after `nvidia.com/`."""
         return advertised(self.count, self.sharing)
+
+    @model_validator(mode="after")
+    def _mig_card_of_the_product(self) -> Gpu:
+        mig = self.sharing.mig if self.sharing is not None else None
+        why = product_contradicts(mig.card, self.product) if mig is not None else None
+        if mig is not None and why:
+            # mig-parted applies the layout by profile name to whatever card is there: one the card lacks
+            # fails the MIG manager (nvidia.com/mig.config.state=failed) and the node advertises nothing.
+            raise _at_key("sharing.mig.card", f"{mig.card}, but gpu.product {self.product!r} {why}: the MIG manager "
+                                              "would fail the layout on the real card; set the card the node has (one "
+                                              "without MIG can only time-slice)")
+        return self
 
 
 class NodeStorage(_Model):

@@ -45,9 +45,10 @@ def value_problem(role: str, value: str, what: str) -> str | None:
     if role == "ssh-private" and public:
         return ("holds an SSH public key, but the steps log in with the private key "
                 "(the text of the key file, -----BEGIN ... PRIVATE KEY-----)")
-    if role in ("hf", "api-key", "kubeconfig") and (private or public):
+    api_key = role == "api-key" or role.startswith("tenant-key")
+    if (role in ("hf", "kubeconfig") or api_key) and (private or public):
         return f"holds an SSH key, not {what}"
-    if role == "api-key" and text.startswith("hf_"):
+    if api_key and text.startswith("hf_"):
         return ("holds a Hugging Face token (hf_…), which every API client would then hold: give the model an API key "
                 "of its own, e.g. from `openssl rand -hex 32`")
     return None

@@ -7,11 +7,12 @@ cards of a node and not others); MIG is one layout per card, the same on every c
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from functools import cache
 from typing import Annotated, Literal
 
-from pydantic import Field, StringConstraints, model_validator
+from pydantic import Field, StringConstraints, ValidationError, model_validator
 
+from policy.rules.mig import MIG_CARDS, MigCard
 from stacks.config.base import MIG_PROFILE_BODY, _Model
 from stacks.config.models import _at_key
 
@@ -24,39 +25,18 @@ MIG_PROFILE = rf"^{MIG_PROFILE_BODY}$"
 MigProfile = Annotated[str, StringConstraints(pattern=MIG_PROFILE)]
 
 
-@dataclass(frozen=True)
-class MigCard:
-    compute_slices: int
-    memory_slices: int
-    profiles: dict[str, tuple[int, int]]
-    """profile → (compute slices, memory slices) it takes of one card."""
+MigCardName = Literal["A100-40GB", "A100-80GB", "H100-80GB", "H100-94GB", "H100-96GB", "H200-141GB", "GH200-144GB", "B200-180GB",
+                      "GB200-189GB", "A30-24GB", "RTX-PRO-6000-96GB"]
 
 
-def _seven_slices(one: int, one_double: int, two: int, three: int, four: int, seven: int) -> MigCard:
-    """A card of 7 compute and 8 memory slices, from the memory (GB) in the names of its six profiles."""
-    return MigCard(7, 8, {f"1g.{one}gb": (1, 1), f"1g.{one_double}gb": (1, 2), f"2g.{two}gb": (2, 2),
-                          f"3g.{three}gb": (3, 4), f"4g.{four}gb": (4, 4), f"7g.{seven}gb": (7, 8)})
-
-
-MIG_CARDS: dict[str, MigCard] = {
-    # NVIDIA's MIG user guide and the GPU Operator's default mig-parted config (its all-<profile> entries
-    # give how many of each fit one card: 7 × 1g, 4 × 1g of double memory, 3 × 2g, 2 × 3g, 1 × 4g, 1 × 7g,
-    # which is 7 compute and 8 memory slices). The +me and +gfx variants are left out.
-    "A100-40GB": _seven_slices(5, 10, 10, 20, 20, 40),
-    "A100-80GB": _seven_slices(10, 20, 20, 40, 40, 80),
-    "H100-80GB": _seven_slices(10, 20, 20, 40, 40, 80),
-    "H100-94GB": _seven_slices(12, 24, 24, 47, 47, 94),
-    "H100-96GB": _seven_slices(12, 24, 24, 48, 48, 96),
-    "H200-141GB": _seven_slices(18, 35, 35, 71, 71, 141),
-    "B200-180GB": _seven_slices(23, 45, 45, 90, 90, 180),
-    # Four compute and four memory slices.
-    "A30-24GB": MigCard(4, 4, {"1g.6gb": (1, 1), "2g.12gb": (2, 2), "4g.24gb": (4, 4)}),
-}
-MigCardName = Literal["A100-40GB", "A100-80GB", "H100-80GB", "H100-94GB", "H100-96GB", "H200-141GB", "B200-180GB", "A30-24GB"]
+REPLICAS = range(2, 65)
+"""The time-slicing replicas a node may ask for (the device plugin refuses fewer than 2)."""
+MAX_INSTANCES = 7
+"""The most instances of one profile a layout may name (seven 1g instances fill a card)."""
 
 
 class TimeSlicing(_Model):
-    replicas: int = Field(ge=2, le=64)
+    replicas: int = Field(ge=REPLICAS.start, le=REPLICAS.stop - 1)
     """Pods that may share one card (the device plugin refuses fewer than 2); the node advertises count × replicas
     `nvidia.com/gpu.shared`. Memory is not isolated: the capacity check adds up the pods' `gpuMemoryUtilization`."""
 
@@ -64,10 +44,10 @@ class TimeSlicing(_Model):
 class Mig(_Model):
     card: MigCardName
     """The card's model and memory, which decide its MIG profiles (e.g. `A100-80GB`: 1g.10gb, 1g.20gb, 2g.20gb, 3g.40gb,
-    4g.40gb, 7g.80gb)."""
-    profiles: dict[MigProfile, Annotated[int, Field(ge=1, le=7)]] = Field(min_length=1)
+    4g.40gb, 7g.80gb); it must agree with `gpu.product` where that names a GPU model or memory."""
+    profiles: dict[MigProfile, Annotated[int, Field(ge=1, le=MAX_INSTANCES)]] = Field(min_length=1)
     """The MIG instances of each card, profile → how many (`{"3g.40gb": 2}`); every card of the node gets this layout,
-    which must fit the card's 7 compute and 8 memory slices (A30: 4 and 4)."""
+    which must fit the card's 7 compute and 8 memory slices (A30, RTX PRO 6000: 4 and 4)."""
 
     @model_validator(mode="after")
     def _fits_the_card(self) -> Mig:
@@ -110,6 +90,41 @@ class Sharing(_Model):
         if self.time_slicing is not None:
             return f"gpu-serving-time-slicing-{self.time_slicing.replicas}"
         return "gpu-serving-mig-mixed"
+
+
+def every_layout() -> dict[str, dict[str, int]]:
+    """Every layout `Mig` accepts, of every card it knows, by `config_name`: what the MIG manager's file holds, so
+    that a node's label can only ever name an entry the file already has (components.sharing.mig_parted_config)."""
+    return {name: dict(profiles) for name, profiles in _every_layout()}
+
+
+@cache
+def _every_layout() -> tuple[tuple[str, dict[str, int]], ...]:
+    found: dict[str, dict[str, int]] = {}
+    for card_name, card in MIG_CARDS.items():
+        for profiles in _within(card, list(card.profiles)):
+            try:
+                mig = Mig(card=card_name, profiles=profiles)  # type: ignore[arg-type]
+            except ValidationError:
+                continue  # the slices fit, but a rule of `Mig` refuses it: no stack can name it
+            found[mig.config_name] = dict(ordered(mig.profiles))
+    return tuple(sorted(found.items()))
+
+
+def _within(card: MigCard, profiles: list[str], compute: int = 0, memory: int = 0) -> list[dict[str, int]]:
+    """Every non-empty choice of instances of `profiles` whose slices add up to at most the card's."""
+    if not profiles:
+        return []
+    first, rest = profiles[0], profiles[1:]
+    per_compute, per_memory = card.profiles[first]
+    found = list(_within(card, rest, compute, memory))
+    for n in range(1, MAX_INSTANCES + 1):
+        used_compute, used_memory = compute + n * per_compute, memory + n * per_memory
+        if used_compute > card.compute_slices or used_memory > card.memory_slices:
+            break
+        found.append({first: n})
+        found += [{first: n, **more} for more in _within(card, rest, used_compute, used_memory)]
+    return found
 
 
 def ordered(profiles: dict[str, int]) -> list[tuple[str, int]]:

@@ -5,8 +5,9 @@ from __future__ import annotations
 from pydantic import Field, model_validator
 
 from stacks.config.base import SecretKeyName, _Model, _unique
-from stacks.config.checks import disks, edge, gpus, model_volume, node_cache, reproducible, runtime, scaling, secret_keys
+from stacks.config.checks import disks, edge, endpoint, gpus, lora, model_volume, node_cache, reproducible, runtime, scaling, secret_keys
 from stacks.config.cluster import ClusterConfig
+from stacks.config.endpoint import Tenant
 from stacks.config.models import Model
 from stacks.config.nodes import Node
 from stacks.config.storage import ModelStorageConfig, usable_gib
@@ -28,6 +29,8 @@ class StackConfig(_Model):
     """Where model files live; see the four `type`s below."""
     models: list[Model] = []
     """Models to serve, one vLLM service bundle each."""
+    tenants: list[Tenant] = []
+    """Teams of `cluster.endpoint`: each its keys, its host and the models it may use."""
     hf_token_secret: SecretKeyName = "hfToken"
     """Secret config key holding the Hugging Face token."""
 
@@ -37,6 +40,9 @@ class StackConfig(_Model):
         _unique(self.nodes, "name", "nodes")
         _unique(self.models, "name", "models")
         edge.check_served_names(self)
+        endpoint.check_tenants(self)
+        edge.check_edge_kind(self)
+        scaling.check_hold_services(self)
         secret_keys.check_roles(self)
         disks.check_same_machine(self)
         disks.check_one_disk_one_node(self)
@@ -46,6 +52,8 @@ class StackConfig(_Model):
             # Model by model, every concern in turn: the first model with a problem is the one named.
             reproducible.check_revision(self, i)
             gpus.check_gfd_label(self, i)
+            gpus.check_mig_model(self, i)
+            lora.check_adapters(self, i)
             node_cache.check_model_nodes(self, i)
             scaling.check_replicas(self, i)
             edge.check_ingress(self, i)
@@ -78,7 +86,8 @@ class StackConfig(_Model):
             f"at {node.storage.mountpoint} but nothing uses that array ({why}); set `storage.disks: []` to skip its disk steps"
             for i, node in enumerate(self.nodes)
             if node.storage is not None and node.prepares_disks and node.name not in used
-        ] + self._disk_name_warnings() + self._cache_warnings() + self._monitoring_warnings()
+        ] + self._disk_name_warnings() + self._cache_warnings() + self._monitoring_warnings() + scaling.hold_port_warnings(self) \
+            + endpoint.endpoint_warnings(self)
 
     def _disk_name_warnings(self) -> list[str]:
         """Disks listed by a kernel name (`/dev/sdb`, `/dev/nvme0n1`, `/dev/vda`): probe order gives those out, so after a
@@ -119,6 +128,10 @@ class StackConfig(_Model):
         return [f"cluster.monitoring.labels is empty: a kube-prometheus-stack installed with its defaults selects "
                 f"{' and '.join(kinds)} by `release: <its Helm release name>` and would read none of the models'; set "
                 f"e.g. `release: kube-prometheus-stack` (your release's name), or turn `podMonitor`/`alerts` off"]
+
+    def on_endpoint(self, model: Model) -> bool:
+        """Whether the model is behind the teams' endpoint: `models[].endpoint`, by default with `cluster.endpoint`."""
+        return self.cluster.endpoint is not None and model.endpoint is not False
 
     def node(self, name: str) -> Node | None:
         return next((n for n in self.nodes if n.name == name), None)
@@ -184,6 +197,10 @@ class StackConfig(_Model):
                               f"the SSH host key of {ssh.host}"))
         roles += [(m.api_key_secret, "api-key", f"models[{i}].apiKeySecret", "a vLLM API key")
                   for i, m in enumerate(self.models) if m.api_key_secret and self.writes_secrets]
+        # A role per team, its name in the role's kind (no space): one key or one value for two teams would let each
+        # call the other's models.
+        roles += [(key, f"tenant-key:{t.name}", f"tenants[{i}].apiKeySecrets[{j}]", f"an API key of team {t.name}")
+                  for i, t in enumerate(self.tenants) for j, key in enumerate(t.api_key_secrets) if self.writes_secrets]
         if self.rolls_on_api_key:
             roles.append((ROLLOUT_SALT_SECRET, "rollout-salt", ROLLOUT_SALT_SECRET, "a random salt"))
         return roles

@@ -25,7 +25,10 @@ from tools.render import ROOT
 
 SIZES = [(1, 1), (8, 16), (32, 100)]
 """(nodes, models) of the full run."""
-QUICK_SIZES = [(1, 1), (2, 3)]
+QUICK_SIZES = [(2, 3)]
+"""`--quick` (and make e2e's bench-engine-quick): one size shows the machinery works, every step of it (the
+stand-in hosts, previews, ups and no-op ups, the replay, both profiles) at two nodes and three models; a second
+size only adds the slope between them, which the full run measures and the unit tests compute."""
 HOOK = ROOT / "testbed" / "bench_hook"
 SYSTEM_PYTHON = os.environ.get("GS_SYSTEM_PYTHON", "/usr/bin/python3")
 """Debian's python3, which has python3-asyncssh for the SSH stand-in."""

@@ -76,10 +76,11 @@ def markdown(rows: list[SizeResult], profile: Profile | None, runs: int, version
         "",
         f"- **Preview of {largest.label}: {largest.preview.ratio:.2f}×** the bare program (goal ≤ 1.3×: "
         f"{'met' if largest.preview.ratio <= 1.3 else 'missed'}).",
-        "- **Growth**: preview ms per resource above the smallest stack, "
-        + ", ".join(f"{r.label}: {s:.1f}" for r, s in zip(rows, slopes, strict=True) if s is not None)
-        + (f"; the largest over the next: **{slope:.2f}** (goal ≤ 1.2: {'met' if slope <= 1.2 else 'missed'})."
-           if slope is not None else " (needs three sizes for the ratio)."),
+        ("- **Growth**: preview ms per resource above the smallest stack, "
+         + ", ".join(f"{r.label}: {s:.1f}" for r, s in zip(rows, slopes, strict=True) if s is not None)
+         + (f"; the largest over the next: **{slope:.2f}** (goal ≤ 1.2: {'met' if slope <= 1.2 else 'missed'})."
+            if slope is not None else " (needs three sizes for the ratio).")) if len(rows) > 1 else
+        "- **Growth**: one size measured, so no slope (it needs two sizes, the ratio three).",
         *([f"- **Preview of {largest.label} against the replay: {largest.replay.ratio:.2f}×** (goal ≤ 1.3×: "
            f"{'met' if largest.replay.ratio <= 1.3 else 'missed'}). The replay (`testbed/bench_replay.py`) is the other bare "
            "program: it declares the very resources our program declares (types, names, parents, inputs, secrets, "

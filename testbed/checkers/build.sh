@@ -23,7 +23,7 @@ BUILD_NAME=checkers
 source "$here/../lib.sh"
 
 crds="$GS_CACHE/crds/keda-$KEDA_VERSION-prometheus-operator-$PROMETHEUS_OPERATOR_VERSION-gateway-api-$GATEWAY_API_VERSION"
-crds+="-http-add-on-$HTTP_ADD_ON_VERSION"
+crds+="-http-add-on-$HTTP_ADD_ON_VERSION-endpoint-$INFERENCE_EXTENSION_VERSION-$AI_GATEWAY_VERSION-$ENVOY_GATEWAY_VERSION"
 case ${PROMTOOL:=debian} in
 debian) out="$GS_CACHE/promtool/debian-$PROMTOOL_DEBIAN_VERSION" ;;
 module)
@@ -97,6 +97,7 @@ elif [[ ! -e $crds/.complete ]]; then
 	done
 	src=$(module_dir "github.com/kedacore/http-add-on@$HTTP_ADD_ON_VERSION")
 	install -m 0644 "$src/config/crd/bases/http.keda.sh_httpscaledobjects.yaml" "$crds/"
+	endpoint_crds "$crds"
 	touch "$crds/.complete"
 	log "CRDs in $crds"
 fi

@@ -32,6 +32,7 @@ crd_files=(
 	"prometheus-operator-$PROMETHEUS_OPERATOR_VERSION/monitoring.coreos.com_podmonitors.yaml"
 	"prometheus-operator-$PROMETHEUS_OPERATOR_VERSION/monitoring.coreos.com_prometheusrules.yaml"
 	"gateway-api-$GATEWAY_API_VERSION/.complete"
+	"endpoint-$INFERENCE_EXTENSION_VERSION-$AI_GATEWAY_VERSION-$ENVOY_GATEWAY_VERSION/.complete"
 )
 stage_files=(node-initialize.yaml node-heartbeat-with-lease.yaml pod-ready.yaml pod-complete.yaml pod-delete.yaml)
 
@@ -138,12 +139,16 @@ kube_ldflags() {
 	done
 	echo "$flags"
 }
+# build_kube NAME...: one `go build` for all of them. One after the other, each build loaded and
+# hashed the whole package graph again and linked with nothing else to do; in one build the graph
+# is loaded once and each binary links while the packages of the others still compile.
 build_kube() {
-	local name=$1
+	local name pkgs=() tmp="$out/src/kubernetes/bin"
 	wrapper_kube
-	(cd "$out/src/kubernetes" && go build -mod=mod -trimpath -o "$bin/$name.tmp" \
-		-ldflags "$(kube_ldflags)" "k8s.io/kubernetes/cmd/$name")
-	mv "$bin/$name.tmp" "$bin/$name"
+	for name in "$@"; do pkgs+=("k8s.io/kubernetes/cmd/$name"); done
+	rm -rf "$tmp" && mkdir -p "$tmp"
+	(cd "$out/src/kubernetes" && go build -mod=mod -trimpath -o bin/ -ldflags "$(kube_ldflags)" "${pkgs[@]}")
+	for name in "$@"; do mv "$tmp/$name" "$bin/$name"; done
 }
 
 # ---- kwok: no replaces, but built in a wrapper as well so its dependency versions stay its own.
@@ -167,16 +172,22 @@ build_containerd() {
 	mv "$out/src/containerd/bin/"* "$bin/"
 }
 
+kube=()
 for c in "${components[@]}"; do
 	[[ -x $bin/$c ]] && continue
-	log "building $c (cold builds take minutes; log of go on stderr)"
 	case $c in
-	etcd) timed etcd build_etcd ;;
-	kwok) timed kwok build_kwok ;;
-	containerd) timed containerd build_containerd ;;
-	*) timed "$c" build_kube "$c" ;;
+	etcd | kwok | containerd)
+		log "building $c (cold builds take minutes; log of go on stderr)"
+		timed "$c" "build_$c"
+		;;
+	*) kube+=("$c") ;;
 	esac
 done
+if ((${#kube[@]})); then
+	names=$(IFS=+; echo "${kube[*]}")
+	log "building $names in one go build (cold, many minutes; log of go on stderr)"
+	timed "$names" build_kube "${kube[@]}"
+fi
 
 # ---- CRDs and Stage YAML, copied out of the pinned module zips.
 copy_files() { # SRC_DIR DEST_DIR FILE...
@@ -214,6 +225,12 @@ if [[ ! -e $gw_dir/.complete ]]; then
 	[[ ${#gw_files[@]} -gt 0 ]] || die "sigs.k8s.io/gateway-api@$GATEWAY_API_VERSION has no config/crd/standard/*.yaml"
 	copy_files "$src" "$gw_dir" "${gw_files[@]}"
 	touch "$gw_dir/.complete"
+fi
+
+ep_dir="$out/crds/endpoint-$INFERENCE_EXTENSION_VERSION-$AI_GATEWAY_VERSION-$ENVOY_GATEWAY_VERSION"
+if [[ ! -e $ep_dir/.complete ]]; then
+	endpoint_crds "$ep_dir"
+	touch "$ep_dir/.complete"
 fi
 
 # kwok's own Stage YAML: node/fast (Ready at once), node/heartbeat-with-lease (keeps Ready with a

@@ -379,7 +379,8 @@ cmd_start() {
 	kubectl apply --server-side --force-conflicts -f "$out/crds/keda-$KEDA_VERSION" \
 		-f "$out/crds/http-add-on-$HTTP_ADD_ON_VERSION" \
 		-f "$out/crds/prometheus-operator-$PROMETHEUS_OPERATOR_VERSION" \
-		-f "$out/crds/gateway-api-$GATEWAY_API_VERSION" >"$dir/logs/crds.log"
+		-f "$out/crds/gateway-api-$GATEWAY_API_VERSION" \
+		-f "$out/crds/endpoint-$INFERENCE_EXTENSION_VERSION-$AI_GATEWAY_VERSION-$ENVOY_GATEWAY_VERSION" >"$dir/logs/crds.log"
 	kubectl wait --for=condition=Established --timeout=60s crd --all >>"$dir/logs/crds.log"
 
 	local gpus cpu mem

@@ -14,7 +14,8 @@ import time
 from pathlib import Path
 
 import testbed.e2e
-from testbed.e2e.cache_checks import CACHE_CHECKS, CacheEndToEnd
+from testbed.e2e.cache_checks import CACHE_CHECKS
+from testbed.e2e.endpoint_checks import ENDPOINT_CHECKS, EndpointEndToEnd
 from testbed.e2e.real_cache import ALL_REAL_CHECKS, TwoNodeEndToEnd
 from testbed.e2e.run import copy_project, engine_env
 from tools.render import ROOT
@@ -52,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     (tmp / "project").mkdir()
     copy_project(tmp / "project")
 
-    run = CacheEndToEnd(tmp, env, args.out, skip=args.skip)
+    run = EndpointEndToEnd(tmp, env, args.out, skip=args.skip)
     # The prod stack's node is never reached (preview runs nothing): a throwaway key stands in.
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp / "canary-key")], check=True)
     run.canaries = {"hfToken": f"gs-canary-hfToken-{secrets.token_hex(8)}", "sshPrivateKey": (tmp / "canary-key").read_text()}
@@ -81,11 +82,15 @@ def main(argv: list[str] | None = None) -> int:
             run.check("preview-prerequisites", run.preview_prerequisites, needs=("cluster-up",))
             run.check("per-node-fit", run.per_node_fit, needs=("cluster-up",))
             run.check("shared-gpu-fit", run.shared_gpu_fit, needs=("cluster-up",))
+            run.check("mig-layout-change", run.mig_layout_change, needs=("cluster-up",))
             # Every node serves (modelStorage.type nodeCache): a stack of its own on four kwok nodes, its node steps
             # answered by SSH stand-ins; a holder lost, a drain, a new revision, a node taken out.
             run.check("cache-up", run.cache_up, needs=("cluster-up",))
             for name in CACHE_CHECKS[1:]:
                 run.check(name, getattr(run, name.replace("-", "_")), needs=("cache-up",))
+            # The teams' endpoint on the same stack: its objects applied for real, a team's key rotated.
+            for name, needs in zip(ENDPOINT_CHECKS, ("cache-up", *ENDPOINT_CHECKS), strict=False):
+                run.check(name, getattr(run, name.replace("-", "_")), needs=(needs,))
             run.cache_stop()
             # Day two: the runbook's operations, one after the other on the cluster stack.
             for name, check in (("grow-cluster", run.grow_cluster), ("replace-disk", run.replace_disk),

@@ -28,6 +28,7 @@ from typing import Any
 
 from components.serving import NON_ROOT_UID, PRESTOP_S
 from testbed.e2e.cluster_checks import ClusterEndToEnd, _free_port_block, _time
+from testbed.e2e.real_picker import PICKER_ARCHIVE, PICKER_CHECKS, PickerChecks
 from testbed.e2e.run import CheckError, require, stack_raw, tail
 from testbed.node.join import BUNDLE_DISK, GUEST_IP, HUB_GUEST_PORT, POD_GATEWAY, RealNode, make_bundle, ssh_forward
 
@@ -40,7 +41,8 @@ IMAGE = "gs-testbed/vllm-sim:v0.18.0"
 SMOKE_IMAGE = "gs-testbed/smoke:v1"
 STARTUP_SECONDS = 20
 """The stand-in's pretended load time: long enough that the startup probe must hold Ready back."""
-REAL_NODE_CHECKS = ("real-node-ready", "real-pvc-mounted", "real-request", "real-probes", "real-drain", "real-nonroot", "real-live-rerun")
+REAL_NODE_CHECKS = ("real-node-ready", "real-pvc-mounted", "real-request", "real-probes", "real-drain", "real-nonroot", "real-live-rerun",
+                    *PICKER_CHECKS)
 VM_MEMORY_MIB, VM_CPUS = 11264, 2
 """The serving pod is Guaranteed at its memory plus /dev/shm (1Gi + 8Gi here): the kubelet must have 9Gi
 to give. qemu touches guest memory lazily, so the host pays for what the guest uses."""
@@ -55,7 +57,7 @@ def weights_sha256(files: dict[str, bytes]) -> str:
 
 
 @dataclass
-class RealNodeEndToEnd(ClusterEndToEnd):
+class RealNodeEndToEnd(PickerChecks, ClusterEndToEnd):
     """The real-node checks; a Run of their own (own VM, cluster, stack) beside the kwok ones."""
 
     node: RealNode | None = None
@@ -80,6 +82,8 @@ class RealNodeEndToEnd(ClusterEndToEnd):
         self.check("real-drain", self.real_drain, needs=("real-node-ready",))
         self.check("real-nonroot", self.real_nonroot, needs=("real-node-ready",))
         self.check("real-live-rerun", self.real_live_rerun, needs=("real-node-ready",))
+        # The endpoint picker on the same node (testbed/e2e/real_picker.py).
+        self.picker_checks(NAMESPACE, needs=("real-node-ready",))
 
     def node_raw(self, vm_port: int, smoke_image: str) -> dict[str, Any]:
         raw = stack_raw("lab")
@@ -117,7 +121,12 @@ class RealNodeEndToEnd(ClusterEndToEnd):
         disks = (*DEFAULT_DISKS, (BUNDLE_DISK, 1))
         vm = Vm(self.tmp / "node-vm", disks, image=image, memory_mib=VM_MEMORY_MIB, cpus=VM_CPUS, boot_timeout=600,
                 booted=ensure_booted_state(image, memory_mib=VM_MEMORY_MIB, cpus=VM_CPUS))
-        make_bundle(vm.disk_path(BUNDLE_DISK), Path(self.cluster_env["GS_CLUSTER_BIN"]), built.archive)
+        # The picker checks' images ride on the same disk: copied over ssh under TCG they took tens of seconds.
+        start = time.monotonic()
+        self.picker_images = node_images.build_picker()
+        self.report["figures"]["pickerImagesSeconds"] = round(time.monotonic() - start, 1)
+        make_bundle(vm.disk_path(BUNDLE_DISK), Path(self.cluster_env["GS_CLUSTER_BIN"]), built.archive,
+                    extra={PICKER_ARCHIVE: self.picker_images.archive})
         self.vm = vm
         start = time.monotonic()
         vm.start()

@@ -1,7 +1,7 @@
 """The images a pod on the lab node runs, built without a registry into one OCI archive for
 `ctr -n k8s.io images import --platform linux/amd64 --digests <archive>` (docs/real-node-plan.md).
 
-    venv/bin/python -m testbed.node.images [--out DIR] [--hf-endpoint URL]   # prints the archive and refs as JSON
+    venv/bin/python -m testbed.node.images [--out DIR] [--hf-endpoint URL] [--picker]   # prints the archive and refs as JSON
 
 Two root filesystems, three names:
 - gs-testbed/pause:3.10.2: the sandbox image, our static Go pause (testbed/node/pause) as
@@ -12,8 +12,9 @@ Two root filesystems, three names:
   its pure-Python dependencies (no hf_xet), and testbed/standins/vllm_sim.py. Each name has its own
   config, so a new HF_ENDPOINT changes the vllm-sim digest, never the smoke one.
 
-The vllm-sim ENTRYPOINT is `python3 /opt/gs/vllm_sim.py serve`, as vLLM's is `vllm serve`: the
-Deployment gives only `args` (the model first), the download Job its own `command` (python3 -c),
+The vllm-sim ENTRYPOINT is `python3 /opt/gs/vllm_sim.py serve`, as vLLM's is `vllm serve`, and
+`/usr/local/bin/vllm` runs the stand-in: the Deployment's `command` is `vllm serve` (the model first in
+`args`), the download Job its own `command` (python3 -c),
 the smoke Job `/bin/sh -c`. The image runs as root, as vLLM's does; its /etc/passwd has root and
 nobody/nogroup (the nonRoot profile's 65534), and no invented UID: a UID outside passwd fails as
 it does in vLLM (profile.py), which the profile's USER/LOGNAME avoid.
@@ -22,6 +23,9 @@ The .debs come from this host's apt (a Debian bookworm host; cached under $GS_CA
 their sha256), the wheels from PyPI by the pins below (under $GS_CACHE/node/wheels). The archive is
 cached under $GS_CACHE/node/images-<key>/, the key being the sha256 of every input; a warm call
 reads only apt's list files' sizes and times, the sources and `go version`.
+
+`--picker` builds the endpoint picker proof's archive instead (`build_picker`): gs-testbed/epp and
+gs-testbed/llm-d-inference-sim, each its static Go binary alone from testbed/endpoint/build.sh, as pause.
 
 What it cannot show: that the node's containerd imports and runs the archive (the node e2e does);
 the .debs are whatever apt's lists name today, not a pinned snapshot.
@@ -44,7 +48,7 @@ import sys
 import tarfile
 import tempfile
 import zipfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -173,21 +177,26 @@ def build(cache: Path | None = None, *, hf_endpoint: str = DEFAULT_HF_ENDPOINT) 
     """The archive for these inputs: from the cache when it is there, else built and cached.
     `cache` holds images-<key>/ (default $GS_CACHE/node); downloads stay under $GS_CACHE/node."""
     downloads = gs_cache() / "node"
-    out_root = cache or downloads
     debs = resolve_debs(downloads)
     key = cache_key(debs, hf_endpoint)
-    out = out_root / f"images-{key[:16]}"
-    if (cached := load(out)) is not None:
-        return cached
+    return cached(cache or downloads, f"images-{key[:16]}",
+                  lambda work: write_images(work, downloads, debs, hf_endpoint, key))
+
+
+def cached(out_root: Path, name: str, write: Callable[[Path], None]) -> Images:
+    """out_root/name when a build finished there, else `write` into a fresh folder renamed to it."""
+    out = out_root / name
+    if (done := load(out)) is not None:
+        return done
     out_root.mkdir(parents=True, exist_ok=True)
     with locked(out_root / ".build.lock"):
-        if (cached := load(out)) is not None:
-            return cached
+        if (done := load(out)) is not None:
+            return done
         for stale in out_root.glob(".build-*"):
             shutil.rmtree(stale, ignore_errors=True)
         work = Path(tempfile.mkdtemp(prefix=".build-", dir=out_root))
         try:
-            write_images(work, downloads, debs, hf_endpoint, key)
+            write(work)
             work.chmod(0o755)  # mkdtemp makes it private; the result is for every user of the cache
             work.rename(out)
         finally:
@@ -449,6 +458,10 @@ def build_go(source: Path, out: Path) -> bytes:
 # ---- the images --------------------------------------------------------------------------------
 
 
+VLLM_SHIM = Entry("usr/local/bin/vllm", "file", 0o755, b'#!/bin/sh\nexec python3 /opt/gs/vllm_sim.py "$@"\n')
+"""vLLM's image has `vllm` on PATH, and the Deployment runs `vllm serve` by name."""
+
+
 def python_rootfs(debs: dict[str, Path], wheels: list[Path]) -> list[Entry]:
     entries = [entry for package in DEBS for entry in deb_entries(debs[package])]
     entries += [entry for wheel in wheels for entry in wheel_entries(wheel)]
@@ -461,6 +474,7 @@ def python_rootfs(debs: dict[str, Path], wheels: list[Path]) -> list[Entry]:
         Entry("root", "dir", 0o700),
         Entry("home", "dir", 0o755),
         Entry("opt/gs/vllm_sim.py", "file", 0o644, VLLM_SIM_SOURCE.read_bytes()),
+        VLLM_SHIM,
     ]
     shadowed = {entry.path for entry in entries if entry.kind == "file"} & {f"usr/bin/{a}" for a in BUSYBOX_APPLETS}
     if shadowed:
@@ -498,6 +512,45 @@ def atomic_write(path: Path, data: bytes) -> None:
     tmp.rename(path)
 
 
+# ---- the picker proof's images -----------------------------------------------------------------
+
+
+ENDPOINT_BUILD = HERE.parent / "endpoint" / "build.sh"
+VERSIONS = HERE.parent / "cluster" / "versions.env"
+PICKER_USER = "65532:65532"
+"""distroless's nonroot, the user of the upstream EPP image: both binaries are static and need no passwd entry."""
+
+
+def picker_names() -> dict[str, str]:
+    """Binary in testbed/endpoint/build.sh's folder → its image name, tagged with the module version it was built at."""
+    pins = dict(re.findall(r"^([A-Z0-9_]+)=(\S+)$", VERSIONS.read_text(), re.M))
+    return {"epp": f"gs-testbed/epp:{pins['INFERENCE_EXTENSION_VERSION']}",
+            "llm-d-inference-sim": f"gs-testbed/llm-d-inference-sim:{pins['INFERENCE_SIM_VERSION']}"}
+
+
+def build_picker(cache: Path | None = None) -> Images:
+    """The endpoint picker and llm-d's simulator as images, each its static binary alone (as pause), in an archive
+    of their own beside the node's: it is imported into a node already running (testbed/e2e/real_picker.py), so the
+    node's images and their cache key do not depend on this much longer build. The binaries come from
+    testbed/endpoint/build.sh (cached; a cold build takes many minutes)."""
+    bins = Path(run(["bash", str(ENDPOINT_BUILD)]).strip())
+    names = picker_names()
+    digest = hashlib.sha256()
+    for part in (*(name.encode() + (bins / binary).read_bytes() for binary, name in sorted(names.items())),
+                 Path(__file__).read_bytes(), Path(oci.__file__).read_bytes(), platform.python_version().encode()):
+        digest.update(hashlib.sha256(part).digest())
+    key = digest.hexdigest()
+
+    def write(work: Path) -> None:
+        images = {name: oci.Image([[Entry(binary, "file", 0o755, (bins / binary).read_bytes())]], entrypoint=[f"/{binary}"],
+                                  user=PICKER_USER) for binary, name in names.items()}
+        with (work / "images.tar").open("wb") as out:
+            digests = oci.write_archive(out, images)
+        (work / "images.json").write_text(json.dumps({"key": key, "digests": digests}, indent=1, sort_keys=True) + "\n")
+
+    return cached(cache or gs_cache() / "node", f"picker-images-{key[:16]}", write)
+
+
 # ---- the command -------------------------------------------------------------------------------
 
 
@@ -506,9 +559,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="the folder for images-<key>/ (default $GS_CACHE/node)")
     parser.add_argument("--hf-endpoint", default=DEFAULT_HF_ENDPOINT,
                         help=f"HF_ENDPOINT in the vllm-sim image (default {DEFAULT_HF_ENDPOINT})")
+    parser.add_argument("--picker", action="store_true", help="the endpoint picker and llm-d simulator images instead")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     try:
-        images = build(args.out, hf_endpoint=args.hf_endpoint)
+        images = build_picker(args.out) if args.picker else build(args.out, hf_endpoint=args.hf_endpoint)
     except BuildError as error:
         print(f"node images: {error}", file=sys.stderr)
         return 1

@@ -176,9 +176,9 @@ def debs() -> list[Path]:
     return [fetched[name] for name in PACKAGES]
 
 
-def make_bundle(disk: Path, cluster_bin: Path, images_archive: Path) -> None:
-    """The read-only disk the guest mounts at BUNDLE_MOUNT: bin/, debs/, images.tar (an ext4 image
-    made from a folder, sparse, ~size of its files)."""
+def make_bundle(disk: Path, cluster_bin: Path, images_archive: Path, extra: dict[str, Path] | None = None) -> None:
+    """The read-only disk the guest mounts at BUNDLE_MOUNT: bin/, debs/, images.tar and any `extra` files by name
+    (an ext4 image made from a folder, sparse, ~size of its files)."""
     packages = debs()
     with tempfile.TemporaryDirectory(prefix="gs-bundle-") as tmp:
         root = Path(tmp)
@@ -190,6 +190,8 @@ def make_bundle(disk: Path, cluster_bin: Path, images_archive: Path) -> None:
         for deb in packages:
             shutil.copy2(deb, root / "debs" / deb.name)
         shutil.copy2(images_archive, root / "images.tar")
+        for name, path in (extra or {}).items():
+            shutil.copy2(path, root / name)
         size = sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
         disk.unlink(missing_ok=True)
         subprocess.run(["mkfs.ext4", "-q", "-L", "gs-node", "-d", str(root), str(disk), f"{size * 5 // 4 // 2**20 + 64}M"],

@@ -126,7 +126,7 @@ GRUB_DEFAULT=0
 GRUB_TIMEOUT=0
 GRUB_DISTRIBUTOR=Debian
 GRUB_CMDLINE_LINUX_DEFAULT=""
-GRUB_CMDLINE_LINUX="console=ttyS0,115200"
+GRUB_CMDLINE_LINUX="console=ttyS0,115200 norandmaps nvme_core.io_timeout=600 nvme_core.admin_timeout=600"
 GRUB_TERMINAL="serial"
 GRUB_SERIAL_COMMAND="serial --unit=0 --speed=115200"
 EOF
@@ -135,6 +135,10 @@ EOF
 # address, so with randomised mappings every exec translates ld.so and libc anew. Without it a
 # fork+exec costs ~25 ms instead of ~100 ms and `update-initramfs -u` (~1,700 forks) runs 2.5x
 # faster. No node script or test depends on where a process's mappings lie.
+# nvme_core.*_timeout=600: under TCG on a loaded 2-core host an emulated NVMe command can wait past
+# the kernel's 30 s default; the guest then resets the controller, and a failed reset drops the disk
+# and degrades its array mid-test (seen once in CI: by-id link gone, /proc/mdstat [_U]). A real
+# drive answers in milliseconds, so only the test bed raises it; the node scripts assume nothing.
 mkdir -p "$R/boot/grub"
 cp -a "$R/usr/lib/grub/i386-pc" "$R/boot/grub/"
 cat >"$R/boot/grub/grub.cfg" <<EOF
@@ -148,7 +152,7 @@ insmod part_msdos
 insmod ext2
 search --no-floppy --fs-uuid --set=root $RUUID
 menuentry 'Debian GNU/Linux (gs-vmtest)' {
-  linux /vmlinuz root=UUID=$RUUID ro console=ttyS0,115200 norandmaps
+  linux /vmlinuz root=UUID=$RUUID ro console=ttyS0,115200 norandmaps nvme_core.io_timeout=600 nvme_core.admin_timeout=600
   initrd /initrd.img
 }
 EOF

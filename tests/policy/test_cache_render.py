@@ -15,12 +15,12 @@ import pytest
 import yaml
 
 from policy.check_yaml import main as check_yaml
-from policy.rules import MANDATORY, check_resources
+from policy.rules import check_resources
+from tests.policy.rendered_example import Entries, mandatory, named
 from tools.render import ROOT, Render, manifests_yaml, policy_config, resources_json, run_program
 
 EXAMPLE = ROOT / "docs" / "examples" / "Pulumi.cache.yaml"
 WEIGHTS = "qwen3.ai.weights.gpu-serving.io/"
-Entries = list[dict[str, Any]]
 
 
 @pytest.fixture(scope="module")
@@ -41,17 +41,6 @@ def entries(rendered: Render) -> Entries:
     return copy.deepcopy(resources_json(rendered))
 
 
-def mandatory(rendered: Render, entries: Entries) -> dict[str, list[str]]:
-    found: dict[str, list[str]] = {}
-    for v in check_resources(entries, config=policy_config(rendered)):
-        if v.level == MANDATORY:
-            found.setdefault(v.policy, []).append(f"{v.kind}/{v.name}: {v.message}")
-    return found
-
-
-def named(entries: Entries, name: str) -> dict[str, Any]:
-    """The inputs of the resource of that Pulumi name."""
-    return next(e["inputs"] for e in entries if e["name"] == name)
 
 
 def pod(entries: Entries, name: str) -> dict[str, Any]:

@@ -32,6 +32,7 @@ def test_blog_set_breaks_exactly_these_rules():
         ("vllm-qwen3", "vllm-revision-pinned"),           # no --revision: the moving branch main
         ("vllm-qwen3", "vllm-guaranteed-qos"),            # advisory: Burstable, evicted before Guaranteed pods
         ("vllm-qwen3", "vllm-priority-class"),            # advisory: default priority, preemptible for batch
+        ("vllm-qwen3", "gpu-nodes-declared"),             # advisory: no nodes, so the GPUs go uncounted
         ("ai", "edge-vllm-openai-only"),                  # path / forwards /tokenize, /metrics, ... too
         ("ai", "edge-vllm-auth"),                         # a public host, and vLLM has no API key
     }
@@ -53,6 +54,7 @@ def test_folded_snippets_deployment():
         ("vllm-qwen3-a100", "vllm-revision-pinned"),
         ("vllm-qwen3-a100", "vllm-guaranteed-qos"),
         ("vllm-qwen3-a100", "vllm-priority-class"),
+        ("vllm-qwen3-a100", "gpu-nodes-declared"),
     }
     config = {"gpu-taint-toleration": {"gpuTaintKey": "gpu"}}
     assert ("vllm-qwen3-a100", "gpu-taint-toleration") not in found("deployment-a100-tp2.yaml", config=config)
@@ -76,7 +78,7 @@ def test_cli_output_and_exit_codes(capsys):
     files = [str(DATA / "seed" / f) for f in BLOG_SET]
     assert main(files) == 1
     lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == 13
+    assert len(lines) == 14
     assert lines[0].startswith(f"mandatory gpu-node-selector {files[1]} Deployment/vllm-qwen3: ")
     assert lines == [format_line(v) for v in check_resources(seed(*BLOG_SET))]
     assert main([str(GOOD)]) == 0

@@ -29,7 +29,7 @@ def test_unknown_values_silence_only_the_rules_that_read_them():
     d = bad_deployment()
     container(d)["image"] = UNKNOWN_STRING
     d["spec"]["strategy"] = proxy.UNKNOWN_OBJECT_VALUE
-    assert check(d) == []
+    assert check(good("Node"), d) == []
 
 
 def test_unknown_gpu_limit_skips_gpu_rules():

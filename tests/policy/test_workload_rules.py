@@ -9,7 +9,9 @@ from policy.rules.workloads import probe_budget
 
 
 def test_good_deployment_passes_every_rule():
-    assert check(good("Deployment")) == []
+    assert check(good("Node"), good("Deployment")) == []
+    # Without the nodes the pack cannot count its GPUs, and says so (advisory) instead of passing in silence.
+    assert {(v.policy, v.level) for v in check(good("Deployment"))} == {("gpu-nodes-declared", "advisory")}
 
 
 @pytest.mark.parametrize(
@@ -253,8 +255,8 @@ def test_pod_job_and_statefulset_are_checked_too():
     sts = {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": {"name": "s"},
            "spec": {"template": template, "serviceName": "s", "selector": d["spec"]["selector"]}}
     found = check(pod, job, sts)
-    assert {(v.kind, v.policy) for v in found} == {("Pod", "vllm-image-pinned"), ("Job", "vllm-image-pinned"),
-                                                     ("StatefulSet", "vllm-image-pinned")}
+    assert {(v.kind, v.policy) for v in found} == {(kind, policy) for kind in ("Pod", "Job", "StatefulSet")
+                                                   for policy in ("vllm-image-pinned", "gpu-nodes-declared")}
 
 
 # ---------------------------------------------------------------------------- issue 24: reproducible models

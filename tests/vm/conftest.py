@@ -39,6 +39,7 @@ SKIP_REASON = "VM test: boots a Debian VM under qemu (minutes); set GS_VM_TESTS=
 # The slowest tests of a measured run are in tests/vm/README.md ("Speed"); a module not listed runs after these.
 SLOWEST_FIRST = (
     "test_disk_adopt.py",
+    "test_first_run_sweep.py",
     "test_node_scripts.py",
     "test_disk_safety.py",
     "test_node_faults.py",

@@ -24,6 +24,43 @@ def check_served_names(stack: StackConfig) -> None:
                                 "by this name, so it must be unique across the stack")
 
 
+# What the edge keys default to: ingress-nginx's class and its chart's pod labels.
+NGINX_CLASS = "nginx"
+NGINX_NAMESPACE = "ingress-nginx"
+NGINX_POD_LABELS = {"app.kubernetes.io/name": "ingress-nginx"}
+
+
+def check_edge_kind(stack: StackConfig) -> None:
+    """The keys of the edge the stack does not use: each would be ignored, and the operator would believe it applied."""
+    cluster = stack.cluster
+    if cluster.edge == "ingress":
+        if cluster.gateway is not None and cluster.endpoint is None:
+            raise _at("cluster.gateway", "set, but cluster.edge is ingress and there is no cluster.endpoint: the models get "
+                                         "Ingresses and no route attaches to this Gateway; set edge: gateway, or remove it")
+        return
+    if cluster.ingress_class != NGINX_CLASS:
+        raise _at("cluster.ingressClass", f"{cluster.ingress_class!r}, but cluster.edge is gateway: the stack makes HTTPRoutes "
+                                          "to cluster.gateway and no Ingress, so no class is read; remove it")
+    if cluster.cluster_issuer is not None:
+        # cert-manager's Ingress annotation has no HTTPRoute counterpart: the Gateway's listener holds the certificate.
+        raise _at("cluster.clusterIssuer", f"{cluster.cluster_issuer!r}, but cluster.edge is gateway: HTTPRoutes carry no "
+                                           "certificate, the Gateway's listener does (cert-manager issues it from an annotation "
+                                           "on the Gateway); remove it")
+    if not any(m.ingress is not None and not m.scales_to_zero for m in stack.models):
+        return
+    # The NetworkPolicy admits these pods to the model port: left at ingress-nginx's, the Gateway's data plane is
+    # refused and every routed request times out.
+    network = cluster.network
+    if network.ingress_namespace == NGINX_NAMESPACE:
+        raise _at("cluster.network.ingressNamespace", f"{NGINX_NAMESPACE}, ingress-nginx's namespace, but cluster.edge is gateway: the "
+                  "models' NetworkPolicy would admit ingress-nginx and refuse the Gateway's proxy pods, so routed requests "
+                  "time out; set the namespace of the Gateway implementation's data plane")
+    if any(network.ingress_pod_labels.get(k) == v for k, v in NGINX_POD_LABELS.items()):
+        raise _at("cluster.network.ingressPodLabels", "ingress-nginx's pod labels, but cluster.edge is gateway: the models' "
+                  "NetworkPolicy would refuse the Gateway's proxy pods, so routed requests time out; set the labels of the "
+                  "Gateway implementation's data-plane pods")
+
+
 def check_ingress(stack: StackConfig, i: int) -> None:
     """`models[i].ingress` against the cluster's edge and the ingresses of the models before it."""
     model, cluster = stack.models[i], stack.cluster

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING
 
+from policy.rules.mig import product_contradicts, profile_gb
 from stacks.config.base import _at
 from stacks.config.models import Model
 from stacks.config.nodes import Node
@@ -23,6 +24,29 @@ def check_gfd_label(stack: StackConfig, i: int) -> None:
             f"models[{i}].gfdProduct",
             "selects on GPU Feature Discovery's label, but cluster.gpuFeatureDiscovery is false: no node would carry it",
         )
+
+
+def check_mig_model(stack: StackConfig, i: int) -> None:
+    """A model on MIG instances: GFD's product of its nodes names their MIG card, and its weights fit one instance."""
+    model = stack.models[i]
+    if model.gfd_product is not None:
+        for node in stack.nodes:
+            mig = node.gpu.sharing.mig if node.gpu.product == model.gpu_product and node.gpu.sharing else None
+            why = product_contradicts(mig.card, model.gfd_product) if mig is not None else None
+            if mig is not None and why:
+                # GFD labels the real card: either this value selects no node, or the node's MIG card is wrong.
+                raise _at(f"models[{i}].gfdProduct", f"{model.gfd_product!r} {why}, but {node.name} is declared "
+                          f"with MIG card {mig.card}: GFD labels the card that is there, so either the pods match no node "
+                          "or the node's gpu.sharing.mig.card is wrong; make them agree")
+    if model.gpu_resource.startswith("mig-"):
+        # A MIG instance's memory is its own (the name's `<n>gb`): vLLM takes gpuMemoryUtilization of it,
+        # and the weights alone must fit that before any KV cache.
+        usable = profile_gb(model.gpu_resource) * model.gpu_memory_utilization
+        if model.weights_gb >= usable:
+            raise _at(f"models[{i}].weightsGb", f"{model.weights_gb:g} GB of weights, but one {model.gpu_resource.removeprefix('mig-')} "
+                      f"instance gives vLLM {usable:g} GB (gpuMemoryUtilization {model.gpu_memory_utilization:g} of "
+                      f"{profile_gb(model.gpu_resource)} GB) and leaves nothing for the KV cache: the server fails at start; "
+                      "ask for a larger profile (gpuResource) or whole cards")
 
 
 def check_demand(stack: StackConfig) -> None:

@@ -1,0 +1,174 @@
+"""The teams' endpoint: per team (`tenants[]`) one OpenAI base URL, `https://<team>.<cluster.endpoint.domain>/v1`, for
+every model it may use, on Envoy AI Gateway v1.0 over Envoy Gateway.
+
+Per team: a Secret of its keys (each data key a client id), an `AIGatewayRoute` whose rules send the body's `model`
+(AI Gateway copies it into `x-ai-eg-model`) to that model's InferencePool, a `SecurityPolicy` that admits only the
+team's keys on the route AI Gateway generates from it (same name), and with `requestsPerMinute` a
+`BackendTrafficPolicy`. A model the team may not use matches no rule: AI Gateway's own not-found answer, the same as
+for a model that does not exist, so a key cannot probe another team's names. `GET /v1/models` is answered by AI
+Gateway per host: the team's models and adapters. A key rotation changes the Secret alone: Envoy Gateway pushes the
+credentials to Envoy, and no model pod restarts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from components.cluster import applied_annotations
+from components.serving.gateway import GATEWAY_GROUP, route_timeouts
+from components.serving.names import object_name
+from components.serving.picker import INFERENCE_GROUP
+from stacks.config import ClusterConfig, Model
+from stacks.config.checks.endpoint import served_names
+from stacks.config.endpoint import Tenant
+
+MODEL_HEADER = "x-ai-eg-model"
+"""Where AI Gateway's ext_proc puts the request body's `model` before the route is chosen again."""
+TENANT_HEADER = "x-gs-tenant"
+"""The team's client id, which Envoy's api_key_auth sets (over anything the client sent) after the key matched."""
+ENVOY_GATEWAY_GROUP = "gateway.envoyproxy.io"
+AI_GATEWAY_API = "aigateway.envoyproxy.io/v1beta1"
+
+
+def route_name(tenant: Tenant) -> str:
+    return f"gs-{tenant.name}"
+
+
+def tenant_secret_name(tenant: Tenant) -> str:
+    return f"gs-tenant-{tenant.name}"
+
+
+def client_ids(tenant: Tenant) -> list[str]:
+    """One client id per key: the team's name, and during a rotation `<name>.2` for its second key."""
+    return [tenant.name, *(f"{tenant.name}.{n}" for n in range(2, len(tenant.api_key_secrets) + 1))]
+
+
+def tenant_host(tenant: Tenant, cluster: ClusterConfig) -> str:
+    assert cluster.endpoint is not None
+    return f"{tenant.name}.{cluster.endpoint.domain}"
+
+
+def tenant_url(tenant: Tenant, cluster: ClusterConfig) -> str:
+    assert cluster.gateway is not None
+    return f"{'https' if cluster.gateway.https else 'http'}://{tenant_host(tenant, cluster)}/v1"
+
+
+def granted(tenant: Tenant, models: list[Model]) -> list[tuple[str, Model]]:
+    """(served name, model) for everything the team may call, in the stack's order: a model's name grants its
+    adapters too; an adapter's name grants that adapter alone."""
+    names = set(tenant.models)
+    return [(served, model) for model in models for served in served_names(model)
+            if served in names or model.name in names]
+
+
+def ai_route_spec(tenant: Tenant, cluster: ClusterConfig, models: list[Model]) -> dict[str, Any]:
+    gateway = cluster.gateway
+    assert gateway is not None
+    parent: dict[str, Any] = {"group": GATEWAY_GROUP, "kind": "Gateway", "name": gateway.name, "namespace": gateway.namespace}
+    if gateway.section_name:
+        parent["sectionName"] = gateway.section_name
+    rules = [{
+        "matches": [{"headers": [{"type": "Exact", "name": MODEL_HEADER, "value": served}]}],
+        # An adapter is served by its base model's pods, under its own name.
+        "backendRefs": [{"group": INFERENCE_GROUP, "kind": "InferencePool", "name": object_name(model)}],
+        "timeouts": route_timeouts(model),
+    } for served, model in granted(tenant, models)]
+    return {"parentRefs": [parent], "hostnames": [tenant_host(tenant, cluster)], "rules": rules}
+
+
+def _generated_route(tenant: Tenant) -> list[dict[str, str]]:
+    # AI Gateway writes an HTTPRoute of the AIGatewayRoute's name: Envoy Gateway's policies attach to that.
+    return [{"group": GATEWAY_GROUP, "kind": "HTTPRoute", "name": route_name(tenant)}]
+
+
+def security_policy_spec(tenant: Tenant) -> dict[str, Any]:
+    return {
+        "targetRefs": _generated_route(tenant),
+        "apiKeyAuth": {
+            "credentialRefs": [{"group": "", "kind": "Secret", "name": tenant_secret_name(tenant)}],
+            "extractFrom": [{"headers": ["authorization"]}],
+            "forwardClientIDHeader": TENANT_HEADER,
+            # The key goes no further than the gateway.
+            "sanitize": True,
+        },
+    }
+
+
+def rate_limit_spec(tenant: Tenant) -> dict[str, Any]:
+    assert tenant.requests_per_minute is not None
+    return {
+        "targetRefs": _generated_route(tenant),
+        "rateLimit": {"type": "Local", "local": {"rules": [{"limit": {"requests": tenant.requests_per_minute, "unit": "Minute"}}]}},
+    }
+
+
+def keys_note(tenant: Tenant, namespace: str) -> str:
+    """What to create by hand when the stack renders YAML (the keys would be plain text in the files)."""
+    files = " ".join(f"--from-file={cid}={cid}.txt" for cid in client_ids(tenant))
+    return (f"renderYamlTo: Secret {namespace}/{tenant_secret_name(tenant)} (team {tenant.name}'s keys) is not written, its "
+            f"values would be plain text in the YAML; create it in the cluster (sealed-secrets, external-secrets, or "
+            f"`kubectl -n {namespace} create secret generic {tenant_secret_name(tenant)} {files}`)")
+
+
+@dataclass(frozen=True)
+class TeamEndpointArgs:
+    cluster: ClusterConfig
+    tenants: tuple[Tenant, ...]
+    models: tuple[Model, ...]
+    """The models on the endpoint."""
+    keys: dict[str, tuple[pulumi.Input[str], ...]] | None
+    """Each team's keys (Pulumi secrets), in `apiKeySecrets` order; None when the stack renders YAML."""
+    namespace: pulumi.Input[str]
+    after: tuple[pulumi.Resource, ...] = ()
+    """The models' InferencePools (their VllmServices)."""
+
+
+class TeamEndpoint(pulumi.ComponentResource):
+    """Every team's route, key check and rate limit."""
+
+    urls: pulumi.Output[dict[str, str]]
+    """Each team's OpenAI base URL."""
+
+    def __init__(self, name: str, args: TeamEndpointArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("gpu-serving:endpoint:TeamEndpoint", name, None, opts)
+        cluster, models = args.cluster, list(args.models)
+
+        def meta(object_name: str) -> k8s.meta.v1.ObjectMetaArgs:
+            return k8s.meta.v1.ObjectMetaArgs(
+                name=object_name, namespace=args.namespace, annotations=applied_annotations(cluster),
+                labels={"app.kubernetes.io/component": "endpoint", "app.kubernetes.io/part-of": "gpu-serving",
+                        "app.kubernetes.io/managed-by": "pulumi"},
+            )
+
+        for tenant in args.tenants:
+            secrets: list[pulumi.Resource] = []
+            if args.keys is None:
+                pulumi.log.warn(keys_note(tenant, cluster.namespace), resource=self)
+            else:
+                data = dict(zip(client_ids(tenant), args.keys[tenant.name], strict=True))
+                secrets.append(k8s.core.v1.Secret(f"{tenant.name}-keys", metadata=meta(tenant_secret_name(tenant)),
+                                                  type="Opaque", string_data=data, opts=pulumi.ResourceOptions(parent=self)))
+            # The key check first: the route never answers without it.
+            policy = k8s.apiextensions.CustomResource(
+                f"{tenant.name}-keys-policy", api_version=f"{ENVOY_GATEWAY_GROUP}/v1alpha1", kind="SecurityPolicy",
+                metadata=meta(route_name(tenant)), spec=security_policy_spec(tenant),
+                opts=pulumi.ResourceOptions(parent=self, depends_on=secrets),
+            )
+            route = k8s.apiextensions.CustomResource(
+                f"{tenant.name}-route", api_version=AI_GATEWAY_API, kind="AIGatewayRoute", metadata=meta(route_name(tenant)),
+                spec=ai_route_spec(tenant, cluster, models),
+                opts=pulumi.ResourceOptions(parent=self, depends_on=[policy, *args.after]),
+            )
+            if tenant.requests_per_minute is not None:
+                k8s.apiextensions.CustomResource(
+                    f"{tenant.name}-rate-limit", api_version=f"{ENVOY_GATEWAY_GROUP}/v1alpha1", kind="BackendTrafficPolicy",
+                    metadata=meta(route_name(tenant)), spec=rate_limit_spec(tenant),
+                    opts=pulumi.ResourceOptions(parent=self, depends_on=[route]),
+                )
+
+        self.urls = pulumi.Output.from_input({t.name: tenant_url(t, cluster) for t in args.tenants})
+        self.register_outputs({"urls": self.urls})

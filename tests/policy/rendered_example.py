@@ -1,0 +1,25 @@
+"""What the pack tests on a rendered example stack share: its resources as a preview sees them (resources.json
+entries), the mandatory findings by rule, and one resource's inputs by its Pulumi name."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from policy.rules import MANDATORY, check_resources
+from tools.render import Render, policy_config
+
+Entries = list[dict[str, Any]]
+
+
+def mandatory(rendered: Render, entries: Entries) -> dict[str, list[str]]:
+    """`kind/name: message` of every mandatory finding over `entries`, by rule, with the render's pack config."""
+    found: dict[str, list[str]] = {}
+    for v in check_resources(entries, config=policy_config(rendered)):
+        if v.level == MANDATORY:
+            found.setdefault(v.policy, []).append(f"{v.kind}/{v.name}: {v.message}")
+    return found
+
+
+def named(entries: Entries, name: str) -> dict[str, Any]:
+    """The inputs of the resource of that Pulumi name."""
+    return next(e["inputs"] for e in entries if e["name"] == name)
