@@ -71,6 +71,16 @@ def test_the_cache_example_shows_both_holders_and_their_labels() -> None:
     assert text.endswith("policy: passed (0 mandatory, 0 advisory findings)\n")
 
 
+def test_the_endpoint_example_shows_each_teams_url_models_keys_and_limit() -> None:
+    text = plan_of(run_program("endpoint", stack_file=ROOT / "docs" / "examples" / "Pulumi.endpoint.yaml"))
+    assert ("teams (2), one URL each, routed by the request's model:\n"
+            "  apps: https://apps.ai.example.com/v1 → qwen3, mistral; 1 key; 600 requests/min per gateway replica\n"
+            "  data: https://data.ai.example.com/v1 → qwen3-sql, embed; 1 key\n"
+            "policy: passed") in text
+    # Without tenants the plan has no teams' section: each model is reached on its own URL.
+    assert "teams" not in plan_of(run_program("prod"))
+
+
 def test_a_scale_to_zero_model_shows_its_cold_start_budget() -> None:
     render = run_program("zero", stack_file=ROOT / "docs" / "examples" / "scale-to-zero.yaml")
     model = next(m for m in render.config.models if m.scales_to_zero)

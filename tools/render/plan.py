@@ -31,6 +31,7 @@ def plan(render: Render, policy: list[str], policy_file: str = "policy.txt") -> 
         fleet = len(config.nodes) > FLEET or len(config.models) > FLEET
         lines += _nodes(render, fleet)
         lines += _models(render, fleet)
+        lines += _teams(render)
     lines += _policy(policy, policy_file)
     return "".join(f"{line}\n" for line in lines)
 
@@ -161,6 +162,24 @@ def _models(render: Render, fleet: bool) -> list[str]:
     exposed = sum(1 for f in facts.values() if f["ingress"])
     lines.append(f"  urls: {len(facts)} in cluster ({next(iter(facts.values()))['in cluster']}, …), {exposed} through the ingress"
                  " (every one in outputs.json)")
+    return lines
+
+
+# --- teams ---------------------------------------------------------------------------------------------
+
+
+def _teams(render: Render) -> list[str]:
+    """Each team's one URL and what it may call there (`tenants`; none: each model is reached on its own)."""
+    tenants = render.config.tenants
+    if not tenants:
+        return []
+    urls = render.outputs.get("endpoint") or {}
+    lines = [f"teams ({len(tenants)}), one URL each, routed by the request's model:"]
+    for tenant in tenants:
+        limit = f"; {tenant.requests_per_minute} requests/min per gateway replica" if tenant.requests_per_minute else ""
+        keys = len(tenant.api_key_secrets)
+        lines.append(f"  {tenant.name}: {urls.get(tenant.name, 'no URL')} → {_names(list(tenant.models))}; "
+                     f"{keys} key{'s' if keys > 1 else ''}{limit}")
     return lines
 
 

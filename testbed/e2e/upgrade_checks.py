@@ -1,0 +1,201 @@
+"""Day two after a release moved a pin (issue #44 item 6): an existing stack upgraded by `pulumi up`.
+
+- `device-plugin-upgrade`: a stack deployed with the device plugin at the old default (`v0.17.0`, set explicitly
+  here) loses the explicit image, as a stack that leaves it unset does when the project is upgraded: that `up`
+  updates only the plugin's DaemonSets, whose pods roll; the model's pods stay.
+- `hold-upgrade`: a stack with a model held at zero, deployed by this project's release before the move from KEDA's
+  HTTP add-on v0.12 (HTTPScaledObject) to v0.15 (InterceptorRoute), then upgraded by the current program: the route
+  is created before the HTTPScaledObject is deleted, the ScaledObject's trigger is updated in place, and a model
+  whose Deployment the upgrade did not change keeps its pods.
+
+Standing in: kwok for the kubelets, and no KEDA operator, add-on interceptor or device plugin runs (their CRDs and
+objects only). What the interceptor does with a request held across the switch is read from its source
+(docs/few-gpus.md, "Upgrading a stack from the v0.12 add-on"), not run; a real kubelet keeping a running pod's
+devices across a plugin restart (its checkpoint) is not shown.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from stacks.config import DevicePlugin
+from testbed.e2e.cluster_checks import SHARED_NODE, SHARED_PRODUCT, _sequence
+from testbed.e2e.day_two import _changed, _events, _name
+from testbed.e2e.run import CheckError, require, stack_raw
+from testbed.e2e.sharing_checks import OPERATOR_NAMESPACE, SharingEndToEnd
+from tools.render import ROOT
+
+PLUGIN_STACK = "plugin-upgrade"
+OLD_PLUGIN_IMAGE = "nvcr.io/nvidia/k8s-device-plugin:v0.17.0"
+"""The default before the pin moved (docs/nodes.md)."""
+HOLD_STACK = "hold-upgrade"
+HELD_MODEL, ALWAYS_ON = "qwen3-rare", "qwen3-chat"
+HOLD_RENDERED = 'kind="HTTPScaledObject"'
+"""The text whose removal from components/serving/component.py moved the holds to InterceptorRoutes: the base of
+`hold-upgrade` is the commit before that change, found in the history rather than named by hash."""
+
+
+def release_before(text: str, path: str) -> str:
+    """The commit before the newest one that added or removed `text` in `path` (`git log -S`)."""
+    found = subprocess.run(["git", "-C", str(ROOT), "log", "-1", "--format=%H", f"-S{text}", "--", path],
+                           capture_output=True, text=True)
+    require(found.returncode == 0 and found.stdout.strip(),
+            f"no commit in this clone's history changes {text!r} in {path}: `hold-upgrade` needs the full history (git fetch --unshallow)")
+    return f"{found.stdout.strip()}^"
+
+
+class UpgradeEndToEnd(SharingEndToEnd):
+    """Stacks upgraded from an old pin."""
+
+    def shared_node_raw(self, namespace: str) -> dict[str, Any]:
+        """The time-sliced kwok node of the sharing stack with the few-GPUs stack's always-up model on it; no GPU Feature
+        Discovery on kwok: the models select the product label the stack sets."""
+        raw = self.sharing_raw()
+        raw["nodes"] = [node for node in raw["nodes"] if node["name"] == SHARED_NODE]  # MIG needs the operator's plugin
+        raw["cluster"] = {**raw["cluster"], "namespace": namespace, "gpuFeatureDiscovery": False}
+        raw["models"] = [{**m, "gpuProduct": SHARED_PRODUCT} for m in stack_raw("fewgpus")["models"] if m["name"] == ALWAYS_ON]
+        return raw
+
+    def ready_model_pods(self, namespace: str, model: str | None = None) -> dict[str, str]:
+        """uid → start time of the serving pods that are Ready."""
+        selector = "app.kubernetes.io/component=inference-server" + (f",app.kubernetes.io/instance={model}" if model else "")
+        pods = self.get("pods", "-n", namespace, "-l", selector)["items"]
+        return {p["metadata"]["uid"]: p["status"].get("startTime", "") for p in pods
+                if any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions", []))}
+
+    # ---- the device plugin's pin ------------------------------------------------------------------
+
+    def plugins(self) -> dict[str, dict[str, Any]]:
+        return {d["metadata"]["name"]: d for d in self.get("daemonsets", "-n", OPERATOR_NAMESPACE)["items"]
+                if d["metadata"]["name"].startswith("nvidia-device-plugin")}
+
+    def rolled_to(self, image: str) -> dict[str, dict[str, Any]] | None:
+        """The plugin DaemonSets once each runs only `image`, all its pods updated and available (None before)."""
+        plugins = self.plugins()
+        for daemon_set in plugins.values():
+            status = daemon_set.get("status") or {}
+            spec_image = daemon_set["spec"]["template"]["spec"]["containers"][0]["image"]
+            desired = status.get("desiredNumberScheduled", -1)
+            if (spec_image != image or status.get("observedGeneration") != daemon_set["metadata"]["generation"]
+                    or status.get("updatedNumberScheduled", 0) != desired or status.get("numberAvailable", 0) != desired):
+                return None
+        return plugins or None
+
+    def device_plugin_upgrade(self) -> str:
+        if self.kubectl("get", "namespace", OPERATOR_NAMESPACE, check=False).returncode != 0:
+            self.kubectl("create", "namespace", OPERATOR_NAMESPACE)
+        raw = self.shared_node_raw(PLUGIN_STACK)
+        raw["cluster"]["devicePlugin"] = {**raw["cluster"]["devicePlugin"], "enabled": True, "image": OLD_PLUGIN_IMAGE}
+        self.new_stack(PLUGIN_STACK, raw, self.secret_values(raw, "unused"))
+        try:
+            return self._upgrade_plugin()
+        finally:
+            self.pulumi("destroy", "--yes", "--skip-preview", stack=PLUGIN_STACK, check=False)
+
+    def _upgrade_plugin(self) -> str:
+        new_image = DevicePlugin().image
+        require(new_image != OLD_PLUGIN_IMAGE, f"the default device plugin is still {OLD_PLUGIN_IMAGE}")
+        self.sharing_up(self.tmp / "plugin-upgrade-events-1.jsonl", stack=PLUGIN_STACK)
+        before = self.wait_for(f"the device plugin DaemonSets rolled out at {OLD_PLUGIN_IMAGE}", lambda: self.rolled_to(OLD_PLUGIN_IMAGE))
+        old_pods = {p["metadata"]["uid"] for p in self.get("pods", "-n", OPERATOR_NAMESPACE)["items"]}
+        require(old_pods, f"no device plugin pod runs on the shared node ({sorted(before)})")
+        serving = self.wait_for("the model's pods Ready", lambda: self.ready_model_pods(PLUGIN_STACK))
+        maps = self.config_maps()
+        # What an upgrade of the project does to this stack file: nothing names the image, so the new default applies.
+        self.edit_stack(PLUGIN_STACK, lambda config: config["gpu-serving:cluster"]["devicePlugin"].pop("image"))
+        events_path = self.tmp / "plugin-upgrade-events-2.jsonl"
+        self.sharing_up(events_path, stack=PLUGIN_STACK)
+        changed = {_name(urn): op for urn, op in _changed(events_path).items()}
+        expected = {name: "update" for name in changed if "device-plugin" in name}
+        require(changed and changed == expected and len(changed) == len(before),
+                f"the upgrade did {changed}; expected only the {len(before)} device plugin DaemonSets updated")
+        after = self.wait_for(f"the device plugin DaemonSets rolled out at {new_image}", lambda: self.rolled_to(new_image))
+        require(set(after) == set(before), f"DaemonSets {sorted(before)} became {sorted(after)}")
+        new_pods = {p["metadata"]["uid"] for p in self.get("pods", "-n", OPERATOR_NAMESPACE)["items"]}
+        require(not old_pods & new_pods, "a device plugin pod of the old pin still runs")
+        now = self.ready_model_pods(PLUGIN_STACK)
+        require(now == serving, f"the model's pods changed: {serving} -> {now}")
+        for kind, config_map in self.config_maps().items():
+            require(config_map["metadata"]["resourceVersion"] == maps[kind]["metadata"]["resourceVersion"],
+                    f"the {kind} ConfigMap was written by the upgrade")
+        self.pulumi("preview", "--expect-no-changes", stack=PLUGIN_STACK)
+        pods = sum(d["status"]["desiredNumberScheduled"] for d in after.values())
+        return (f"{OLD_PLUGIN_IMAGE} -> {new_image}: the up updated only the {len(after)} plugin DaemonSets "
+                f"({', '.join(sorted(after))}), their {pods} pod(s) replaced and available; the model's "
+                f"{len(serving)} pod(s) kept (same UIDs and start times), the sharing ConfigMaps unwritten")
+
+    # ---- the HTTP add-on's pin ----------------------------------------------------------------------
+
+    def old_project(self, ref: str) -> Path:
+        """The project as `ref` had it, with the venvs the CLI runs in (as copy_project)."""
+        folder = self.tmp / "project-before"
+        if not folder.exists():
+            folder.mkdir()
+            archive = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", ref], capture_output=True, check=False)
+            if archive.returncode != 0:
+                raise CheckError(f"git archive {ref}: {archive.stderr.decode()[-300:]}")
+            subprocess.run(["tar", "-x", "-C", str(folder)], input=archive.stdout, check=True)
+            (folder / "venv").symlink_to(ROOT / "venv")
+            (folder / "policy" / "venv").symlink_to(ROOT / "venv")
+        return folder
+
+    def hold_upgrade(self) -> str:
+        base = release_before(HOLD_RENDERED, "components/serving/component.py")
+        raw = self.shared_node_raw(HOLD_STACK)
+        raw["cluster"] = {**raw["cluster"], "autoscaling": "keda", "requestHold": {}}
+        held = next(m for m in stack_raw("fewgpus")["models"] if m["name"] == HELD_MODEL)
+        raw["models"].append({**held, "gpuProduct": SHARED_PRODUCT})
+        self.new_stack(HOLD_STACK, raw, self.secret_values(raw, "unused"))
+        old = self.old_project(base)
+        shutil.copy2(self.project / f"Pulumi.{HOLD_STACK}.yaml", old / f"Pulumi.{HOLD_STACK}.yaml")
+        try:
+            return self._upgrade_hold(base, old)
+        finally:
+            self.pulumi("destroy", "--yes", "--skip-preview", stack=HOLD_STACK, check=False)
+
+    def _upgrade_hold(self, base: str, old: Path) -> str:
+        # The release before: its program, the same stack (state and config).
+        self.pulumi("up", "--yes", "--skip-preview", stack=HOLD_STACK, cwd=old, env={"PULUMI_DEBUG_COMMANDS": "true"})
+        hold_name = f"vllm-{HELD_MODEL}-hold"
+        require(self.kubectl("get", "httpscaledobject", hold_name, "-n", HOLD_STACK, check=False).returncode == 0,
+                f"the release before ({base}) made no HTTPScaledObject {hold_name}")
+        scaled_object = self.get("scaledobject", f"vllm-{HELD_MODEL}", "-n", HOLD_STACK)
+        pods = {model: self.wait_for(f"{model}'s pods Ready", lambda model=model: self.ready_model_pods(HOLD_STACK, model))
+                for model in (ALWAYS_ON, HELD_MODEL)}
+        deployments = {model: self.get("deployment", f"vllm-{model}", "-n", HOLD_STACK) for model in pods}
+
+        events_path = self.tmp / "hold-upgrade-events.jsonl"
+        self.sharing_up(events_path, stack=HOLD_STACK)
+        log = _events(events_path)
+        changed = {_name(urn): op for urn, op in _changed(events_path).items()}
+        hold_changes = {name: op for name, op in changed.items() if HELD_MODEL in name and ("hold" in name or "route" in name
+                                                                                            or "scaled-object" in name or "keda" in name)}
+        routed = _sequence(log, "resOutputsEvent", f"InterceptorRoute::{HELD_MODEL}-interceptor-route")
+        deleted = _sequence(log, "resourcePreEvent", f"HTTPScaledObject::{HELD_MODEL}-http-scaled-object")
+        require(routed < deleted, f"the HTTPScaledObject's deletion began (event {deleted}) before the route existed ({routed})")
+        require(self.kubectl("get", "httpscaledobject", hold_name, "-n", HOLD_STACK, check=False).returncode != 0,
+                "the HTTPScaledObject is still there after the up")
+        route = self.get("interceptorroute", hold_name, "-n", HOLD_STACK)
+        after = self.get("scaledobject", f"vllm-{HELD_MODEL}", "-n", HOLD_STACK)
+        require(after["metadata"]["uid"] == scaled_object["metadata"]["uid"], "the ScaledObject was replaced, not updated")
+        wake = [t["metadata"] for t in after["spec"]["triggers"] if t["type"] == "external-push"]
+        require(wake and wake[0].get("interceptorRoute") == hold_name and "httpScaledObject" not in wake[0],
+                f"the ScaledObject's wake trigger is {wake}")
+        hold_service = f"{HELD_MODEL}-hold-service"
+        require(hold_service not in changed, f"the hold Service changed: {changed.get(hold_service)}")
+        # A model whose Deployment this upgrade did not change keeps its pods.
+        kept = []
+        for model, before in deployments.items():
+            now = self.get("deployment", f"vllm-{model}", "-n", HOLD_STACK)
+            if now["metadata"]["generation"] == before["metadata"]["generation"]:
+                require(self.ready_model_pods(HOLD_STACK, model) == pods[model], f"{model}'s pods changed though its Deployment did not")
+                kept.append(model)
+        self.pulumi("preview", "--expect-no-changes", stack=HOLD_STACK)
+        self.report["figures"]["holdUpgradeChanges"] = len(changed)
+        return (f"from {base[:12]} (HTTPScaledObject): the route {hold_name} created (#{routed}) before the HTTPScaledObject's "
+                f"deletion began (#{deleted}); ScaledObject updated in place, its trigger now interceptorRoute; hold changes "
+                f"{hold_changes}; {len(changed)} resource(s) changed in all; pods kept for {', '.join(kept) or 'no model'} "
+                f"(Deployment unchanged); route timeouts {route['spec'].get('timeouts')}")
