@@ -91,10 +91,11 @@ def needs(config: StackConfig) -> list[Need]:
                           "install KEDA, or set cluster.autoscaling to hpa or none"))
     hold = cluster.request_hold
     if hold is not None and any(m.scales_to_zero for m in models):
-        crd = f"{CRDS}/httpscaledobjects.http.keda.sh"
-        found.append(Need(crd, "KEDA's HTTP add-on is not installed (no HTTPScaledObject CRD): `pulumi up` cannot create the request "
-                               "holds of the models at replicas.min: 0; install it (Helm chart kedacore/keda-add-ons-http, v0.12), "
-                               "or give those models min: 1"))
+        crd = f"{CRDS}/interceptorroutes.http.keda.sh"
+        found.append(Need(crd, "KEDA's HTTP add-on v0.14 or later is not installed (no InterceptorRoute CRD): `pulumi up` cannot "
+                               "create the request holds of the models at replicas.min: 0; install or upgrade it (Helm chart "
+                               "kedacore/keda-add-ons-http, v0.15.0: an older add-on keeps holding for the HTTPScaledObjects of the "
+                               "last `up` until then), or give those models min: 1"))
         found.append(Need(f"/api/v1/namespaces/{hold.namespace}/services/{hold.interceptor_service}",
                           f"no Service {hold.namespace}/{hold.interceptor_service} (the HTTP add-on is installed): the held models' "
                           f"requests would reach nothing; set cluster.requestHold to where the add-on's interceptor runs",

@@ -153,7 +153,8 @@ def test_the_gateway_edge_needs_the_gateway_api_and_its_gateway(api, tmp_path: P
                         "or set cluster.gateway to an existing one"]
 
 
-HOLD_CRD = f"{CRDS}/httpscaledobjects.http.keda.sh"
+HOLD_CRD = f"{CRDS}/interceptorroutes.http.keda.sh"
+OLD_HOLD_CRD = f"{CRDS}/httpscaledobjects.http.keda.sh"
 INTERCEPTOR = "/api/v1/namespaces/keda/services/keda-add-ons-http-interceptor-proxy"
 
 
@@ -168,9 +169,11 @@ def test_a_held_model_needs_the_http_add_on_and_its_interceptor(api, tmp_path: P
     server, handler = api
     assert {need.path for need in needs(parse(held_raw()))} == ALL | {HOLD_CRD, INTERCEPTOR}
     assert {need.path for need in needs(parse(prod_raw()))} == ALL  # min 1: nothing of the add-on
-    handler.present.update(ALL)
+    # An add-on of v0.12 (only the HTTPScaledObject CRD): upgrade it before the stack's holds can move to InterceptorRoutes.
+    handler.present.update(ALL | {OLD_HOLD_CRD})
     warnings, _ = check(parse(held_raw()), kubeconfig(server), ".kube/prod.yaml", tmp_path)
-    assert len(warnings) == 1 and "KEDA's HTTP add-on is not installed (no HTTPScaledObject CRD)" in warnings[0], warnings
+    assert len(warnings) == 1 and "KEDA's HTTP add-on v0.14 or later is not installed (no InterceptorRoute CRD)" in warnings[0], warnings
+    assert "install or upgrade it (Helm chart kedacore/keda-add-ons-http, v0.15.0" in warnings[0]
     assert INTERCEPTOR not in handler.seen  # one warning, not two
     handler.present.add(HOLD_CRD)
     warnings, _ = check(parse(held_raw(requestHold={"namespace": "keda-http"})), kubeconfig(server), ".kube/prod.yaml", tmp_path)

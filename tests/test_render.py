@@ -177,8 +177,8 @@ def test_the_few_gpus_example_puts_three_models_on_two_cards(tmp_path: Path) -> 
     cards = {o["metadata"]["name"]: o["metadata"]["labels"] for o in objects if o["kind"] == "Node"}
     assert sum(int(labels["gpu-serving/gpu.count"]) for labels in cards.values()) == 2
     assert cards["gpu-shared-1"]["nvidia.com/device-plugin.config"].startswith("gpu-serving-time-slicing-")
-    holds = [o for o in objects if o["kind"] == "HTTPScaledObject"]
-    assert [h["spec"]["scaleTargetRef"]["name"] for h in holds] == ["vllm-qwen3-rare"]
+    holds = [o for o in objects if o["kind"] == "InterceptorRoute"]
+    assert [h["spec"]["target"]["service"] for h in holds] == ["vllm-qwen3-rare"]
     scaled = {o["metadata"]["name"]: o["spec"]["minReplicaCount"] for o in objects if o["kind"] == "ScaledObject"}
     assert scaled == {"vllm-qwen3-rare": 0}
     base = next(o for o in objects if o["kind"] == "Deployment" and o["metadata"]["name"] == "vllm-qwen3-base")

@@ -15,7 +15,6 @@ import yaml
 
 from components.serving import monitoring
 from components.serving.edge import PROXY_TIMEOUT_S
-from components.serving.hold import SKIP_SCALED_OBJECT
 from components.serving.jobs import REQUEST_TIMEOUT_S, SMOKE_DEADLINE_S, SMOKE_SCRIPT
 from policy.check_yaml import main as check_yaml
 from stacks.config import ConfigError, Model, parse
@@ -26,7 +25,7 @@ from tests.test_serving_gateway import behind_gateway
 from tools.render import ROOT, Render, manifests_yaml, policy_violations, redact, resources_json, run_program
 
 EXAMPLE = ROOT / "docs" / "examples" / "scale-to-zero.yaml"
-HTTP_SCALED_OBJECT = "kubernetes:http.keda.sh/v1alpha1:HTTPScaledObject"
+INTERCEPTOR_ROUTE = "kubernetes:http.keda.sh/v1beta1:InterceptorRoute"
 HTTPROUTE = "kubernetes:gateway.networking.k8s.io/v1:HTTPRoute"
 REFERENCE_GRANT = "kubernetes:gateway.networking.k8s.io/v1beta1:ReferenceGrant"
 NETWORK_POLICY = "kubernetes:networking.k8s.io/v1:NetworkPolicy"
@@ -62,7 +61,7 @@ def held_model(render: Render) -> Model:
 
 
 def test_the_example_renders_valid_objects_that_the_pack_accepts(example: Render) -> None:
-    assert assert_valid(example) >= 30  # every custom resource against its CRD (HTTPScaledObject included)
+    assert assert_valid(example) >= 30  # every custom resource against its CRD (InterceptorRoute included)
     assert policy_violations(example, resources_json(example)) == []
 
 
@@ -72,20 +71,21 @@ def test_the_example_manifests_pass_the_pack_as_plain_yaml(example: Render, tmp_
     assert check_yaml([str(path)]) == 0
 
 
-def test_the_hold_routes_v1_by_the_hold_services_own_names_and_skips_the_add_ons_scaled_object(example: Render) -> None:
-    hold = named(example, HTTP_SCALED_OBJECT, "vllm-qwen3-small-hold")
-    assert hold["metadata"]["annotations"][SKIP_SCALED_OBJECT] == "true"
+def test_the_hold_routes_v1_by_the_hold_services_own_names_to_the_models_service(example: Render) -> None:
+    hold = named(example, INTERCEPTOR_ROUTE, "vllm-qwen3-small-hold")
     spec = hold["spec"]
-    assert spec["hosts"] == ["vllm-qwen3-small-hold", "vllm-qwen3-small-hold.ai", "vllm-qwen3-small-hold.ai.svc",
+    (rule,) = spec["rules"]
+    assert rule["hosts"] == ["vllm-qwen3-small-hold", "vllm-qwen3-small-hold.ai", "vllm-qwen3-small-hold.ai.svc",
                              "vllm-qwen3-small-hold.ai.svc.cluster.local"]
-    assert spec["pathPrefixes"] == ["/v1"]
-    assert spec["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "vllm-qwen3-small",
-                                      "service": "vllm-qwen3-small", "port": 8000}
+    assert rule["paths"] == [{"value": "/v1"}]
+    assert spec["target"] == {"service": "vllm-qwen3-small", "port": 8000}
     model = held_model(example)
     budget = startup_budget_seconds(model.weights_gb)
     assert model.cold_start_seconds == IMAGE_PULL_S + budget  # unset: pull allowance + startup budget
-    assert spec["timeouts"] == {"conditionWait": f"{model.cold_start_seconds}s", "responseHeader": f"{PROXY_TIMEOUT_S}s"}
-    assert spec["scaledownPeriod"] == 45 * 60  # idleAfter: 45m
+    # Set, not left to the interceptor's defaults (v0.14 changed them).
+    assert spec["timeouts"] == {"readiness": f"{model.cold_start_seconds}s", "responseHeader": f"{PROXY_TIMEOUT_S}s"}
+    # The add-on makes no ScaledObject for a route: nothing of the add-on's annotations is needed.
+    assert "annotations" not in hold["metadata"] or not any("keda.sh" in k for k in hold["metadata"]["annotations"])
 
 
 def test_the_stacks_scaled_object_wakes_on_the_hold_and_scales_on_the_queue(example: Render) -> None:
@@ -94,9 +94,10 @@ def test_the_stacks_scaled_object_wakes_on_the_hold_and_scales_on_the_queue(exam
     queue, wake = spec["triggers"]
     assert queue["type"] == "prometheus" and 'model_name="qwen3-small"' in queue["metadata"]["query"]
     assert wake == {"type": "external-push", "metadata": {"scalerAddress": "keda-add-ons-http-external-scaler.keda:9090",
-                                                          "httpScaledObject": "vllm-qwen3-small-hold"}}
-    # The add-on deletes a ScaledObject named like an HTTPScaledObject that skips its own.
-    assert wake["metadata"]["httpScaledObject"] != "vllm-qwen3-small"
+                                                          "interceptorRoute": "vllm-qwen3-small-hold"}}
+    # The add-on (v0.12) deleted a ScaledObject named like an HTTPScaledObject that skipped its own, and a stack moving
+    # from one to the other still has it until the `up` ends.
+    assert wake["metadata"]["interceptorRoute"] != "vllm-qwen3-small"
     assert spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleUp"]["policies"][0]["value"] == 1
     # The autoscaler owns the count: `pulumi up` neither fights KEDA nor waits for pods that idle at zero.
     assert "replicas" not in named(example, DEPLOYMENT, "vllm-qwen3-small")["spec"]
@@ -121,7 +122,7 @@ def test_an_always_on_model_of_the_same_stack_keeps_its_direct_edge(example: Ren
     ingress = named(example, INGRESS, "vllm-qwen3")
     assert ingress["spec"]["rules"][0]["http"]["paths"][0]["backend"]["service"] == {"name": "vllm-qwen3", "port": {"name": "http"}}
     assert "nginx.ingress.kubernetes.io/upstream-vhost" not in ingress["metadata"]["annotations"]
-    assert [r for r in example.of_type(HTTP_SCALED_OBJECT) if "qwen3-small" not in r.inputs["metadata"]["name"]] == []
+    assert [r for r in example.of_type(INTERCEPTOR_ROUTE) if "qwen3-small" not in r.inputs["metadata"]["name"]] == []
     assert example.outputs["models"][ALWAYS_ON]["url"] == "http://vllm-qwen3.ai.svc:8000/v1"
 
 
@@ -193,8 +194,8 @@ def test_no_reference_grant_without_a_held_route(render) -> None:  # type: ignor
 def test_the_crd_schema_refuses_a_misspelt_hold(example: Render) -> None:
     import jsonschema
 
-    hold = copy.deepcopy(named(example, HTTP_SCALED_OBJECT, "vllm-qwen3-small-hold"))
-    hold["spec"]["timeouts"]["conditionWaitSeconds"] = 1800
+    hold = copy.deepcopy(named(example, INTERCEPTOR_ROUTE, "vllm-qwen3-small-hold"))
+    hold["spec"]["timeouts"]["conditionWait"] = "1800s"  # the HTTPScaledObject's name for readiness
     with pytest.raises(jsonschema.ValidationError):
         checkers.validate(hold)
 

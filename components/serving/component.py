@@ -22,7 +22,7 @@ from components.serving.edge import (
     service_spec,
 )
 from components.serving.gateway import httproute_spec
-from components.serving.hold import SKIP_SCALED_OBJECT, held_url, hold_service_spec, http_scaled_object
+from components.serving.hold import held_url, hold_service_spec, interceptor_route
 from components.serving.jobs import job_spec, smoke_deadline_seconds, smoke_job_name, smoke_job_spec
 from components.serving.monitoring import pod_monitor_spec, prometheus_rule_spec
 from components.serving.names import (
@@ -186,11 +186,11 @@ class VllmService(pulumi.ComponentResource):
                 f"{name}-hold-service", metadata=meta(hold_name(model), "request-hold"), spec=hold_service_spec(hold), opts=child
             ))
             holding.append(k8s.apiextensions.CustomResource(
-                f"{name}-http-scaled-object",
-                api_version="http.keda.sh/v1alpha1",
-                kind="HTTPScaledObject",
-                metadata=meta(hold_name(model), "request-hold", {SKIP_SCALED_OBJECT: "true"}),
-                spec=http_scaled_object(model, namespace, hold),
+                f"{name}-interceptor-route",
+                api_version="http.keda.sh/v1beta1",
+                kind="InterceptorRoute",
+                metadata=meta(hold_name(model), "request-hold"),
+                spec=interceptor_route(model, namespace, hold),
                 opts=pulumi.ResourceOptions(parent=self, depends_on=[service]),
             ))
         edge_after = [service, *holding]

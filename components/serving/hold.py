@@ -1,16 +1,20 @@
-"""Scale to zero with the requests held (`replicas.min: 0`): KEDA's HTTP add-on (v0.12) in front of the model.
+"""Scale to zero with the requests held (`replicas.min: 0`): KEDA's HTTP add-on (v0.15) in front of the model.
 
 At zero replicas nothing exports the queue gauge, so nothing else could see a request or wake the model.
 The add-on's interceptor receives the requests of a held model, holds each one while the model starts
 (`timeouts.conditionWait`, the cold start timeout), counts it, and forwards it to the model's own Service
 once an endpoint is ready; its external scaler reports those counts to KEDA.
 
-The add-on is used for that and nothing more. Its HTTPScaledObject skips the ScaledObject the add-on would
-make (`skip-scaledobject-creation`): the model keeps the stack's own ScaledObject, with the queue trigger
-and the slow scaling behaviour every GPU model has, plus the add-on's `external-push` trigger for 0 ↔ 1.
-Left to the add-on, a model would scale on in-flight requests (which a batching server says nothing about,
-like CPU) with the HPA's default behaviour (up to 4 pods at once, each minutes to load). The interceptor's
+The add-on is used for that and nothing more. Its InterceptorRoute (v0.14+) only routes and counts; the add-on
+makes no ScaledObject for it: the model keeps the stack's own ScaledObject, with the queue trigger and the slow
+scaling behaviour every GPU model has, plus the add-on's `external-push` trigger naming the route for 0 ↔ 1.
+Scaling on the interceptor's in-flight count alone would tell nothing of a batching server's load (like CPU). The
 count stays a wake-up signal: its per-pod target is far above what one server runs at once.
+
+The route has the name the HTTPScaledObject of v0.12 had. The v0.15 interceptor builds one routing table from both
+kinds, an InterceptorRoute replacing an HTTPScaledObject of the same namespace and name under the same request
+counter (`pkg/routing/table.go`), so the `up` that moves a stack from the one to the other (creating the route
+before it deletes the HTTPScaledObject) never leaves a held model's hosts unrouted.
 
 Requests reach the interceptor through a Service of the model's namespace, `vllm-<name>-hold`: an
 ExternalName for the interceptor's proxy Service (an Ingress can only name a Service of its own namespace).
@@ -30,10 +34,6 @@ from components.serving.edge import OPENAI_PREFIX, PROXY_TIMEOUT_S
 from components.serving.names import PORT, hold_host, hold_name, object_name
 from stacks.config import ClusterConfig, Model
 from stacks.config.cluster import RequestHold
-
-SKIP_SCALED_OBJECT = "httpscaledobject.keda.sh/skip-scaledobject-creation"
-"""The add-on keeps routing and counting, and leaves the ScaledObject to the stack."""
-
 
 WAKE_TARGET_IN_FLIGHT = 10_000
 """The interceptor trigger's target per pod: far above the requests one vLLM server runs at once, so the
@@ -72,21 +72,15 @@ def held_url(model: Model, namespace: str, hold: RequestHold) -> str:
     return held_base_url(model, namespace, hold) + OPENAI_PREFIX
 
 
-def http_scaled_object(model: Model, namespace: str, hold: RequestHold) -> dict[str, Any]:
-    """Routing and holding only (the metadata carries SKIP_SCALED_OBJECT). `conditionWait` covers the cold start;
-    `responseHeader` the longest answer, since vLLM sends the headers of a non-streamed answer when it is complete
-    (the chart's 500 ms default cuts every such answer with 502)."""
+def interceptor_route(model: Model, namespace: str, hold: RequestHold) -> dict[str, Any]:
+    """Routing and holding: the hold Service's names and `/v1` to the model's own Service. `readiness` covers the cold
+    start; `responseHeader` the longest answer, since vLLM sends the headers of a non-streamed answer when it is
+    complete. Both set here, not left to the interceptor's defaults (which changed in v0.14)."""
     return {
-        "hosts": hold_hosts(model, namespace, hold),
-        "pathPrefixes": [OPENAI_PREFIX],
-        "scaleTargetRef": {
-            "apiVersion": "apps/v1", "kind": "Deployment", "name": object_name(model), "service": object_name(model), "port": PORT,
-        },
-        # What `kubectl get httpso` shows; the stack's ScaledObject applies the same numbers.
-        "replicas": {"min": 0, "max": model.replicas.max},
-        "scaledownPeriod": model.idle_seconds,
+        "target": {"service": object_name(model), "port": PORT},
+        "rules": [{"hosts": hold_hosts(model, namespace, hold), "paths": [{"value": OPENAI_PREFIX}]}],
         "scalingMetric": {"concurrency": {"targetValue": WAKE_TARGET_IN_FLIGHT}},
-        "timeouts": {"conditionWait": f"{model.cold_start_seconds}s", "responseHeader": f"{PROXY_TIMEOUT_S}s"},
+        "timeouts": {"readiness": f"{model.cold_start_seconds}s", "responseHeader": f"{PROXY_TIMEOUT_S}s"},
     }
 
 
@@ -95,7 +89,7 @@ def wake_trigger(model: Model, hold: RequestHold) -> dict[str, Any]:
     a request of this model."""
     return {
         "type": "external-push",
-        "metadata": {"scalerAddress": f"{hold.scaler_service}.{hold.namespace}:{hold.scaler_port}", "httpScaledObject": hold_name(model)},
+        "metadata": {"scalerAddress": f"{hold.scaler_service}.{hold.namespace}:{hold.scaler_port}", "interceptorRoute": hold_name(model)},
     }
 
 

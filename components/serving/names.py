@@ -26,8 +26,9 @@ def object_name(model: Model) -> str:
 
 
 def hold_name(model: Model) -> str:
-    """The ExternalName Service and HTTPScaledObject of a model at `replicas.min: 0` (components/serving/hold.py).
-    Not the ScaledObject's name: the HTTP add-on deletes a ScaledObject named like an HTTPScaledObject that skips its own."""
+    """The ExternalName Service and InterceptorRoute of a model at `replicas.min: 0` (components/serving/hold.py): the
+    name its HTTPScaledObject had. Not the ScaledObject's name: the add-on (v0.12) deleted a ScaledObject named like an
+    HTTPScaledObject that skipped its own, and a stack moving from one to the other still has that HTTPScaledObject."""
     return f"{object_name(model)}-hold"
 
 

@@ -166,20 +166,20 @@ def _min_replicas(scaler: Resource) -> int | None:
 
 def _hold_problem(scaler: Scaler, resources: Sequence[Resource]) -> str | None:
     """Why nothing holds the requests of this scaler's workload at zero; None when something does: the HTTP add-on's
-    own ScaledObject, or a ScaledObject whose `external-push` trigger names an HTTPScaledObject for the workload
-    (one that is not in view is trusted: a rule may only fail on what it saw)."""
+    own ScaledObject, or a ScaledObject whose `external-push` trigger names an HTTPScaledObject or InterceptorRoute for
+    the workload (one that is not in view is trusted: a rule may only fail on what it saw)."""
     if scaler.resource.type == HTTP_SCALED_OBJECT:
         return None
     named = woken_by(scaler.resource) if scaler.resource.type == k8s.SCALED_OBJECT else []
     if not named:
         return "nothing holds its requests"
     all_holds = holds(resources)
-    for name in named:
-        hold = hold_named(all_holds, scaler.namespace, name)
+    for kind, name in named:
+        hold = hold_named(all_holds, scaler.namespace, kind, name)
         if hold is None or hold.holds_for(scaler.namespace, scaler.target_kind, scaler.target_name):
             return None
-    return (f"its external-push trigger names HTTPScaledObject {', '.join(named)}, which holds the requests of another "
-            "workload")
+    return (f"its external-push trigger names {', '.join(f'{kind} {name}' for kind, name in named)}, which holds the requests "
+            "of another workload")
 
 
 def check_vllm_scale_to_zero(resources: list[Resource], _cfg: Mapping) -> Iterator[tuple[Resource, str]]:
@@ -199,7 +199,8 @@ def check_vllm_scale_to_zero(resources: list[Resource], _cfg: Mapping) -> Iterat
             f"{s.target_kind} {s.target_name} runs vLLM and {shown}, but {problem}: the queue gauge "
             f"vllm:num_requests_waiting comes from the vLLM pods themselves, so at zero pods no metric moves and nothing "
             f"scales it up again. Keep at least 1 replica, or hold the requests with KEDA's HTTP add-on: an "
-            f"HTTPScaledObject for this workload, woken by an external-push trigger naming it in this ScaledObject.")
+            f"InterceptorRoute (an HTTPScaledObject before v0.14) for this workload's Service, woken by an external-push "
+            f"trigger naming it in this ScaledObject.")
 
 
 RULES = [

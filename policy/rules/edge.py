@@ -113,7 +113,7 @@ def vllm_behind(
 ) -> dict[str, list[Workload]]:
     """Service name -> the vLLM workloads of the stack it selects (only Services that select one). A backend that selects
     no pods (the HTTP add-on's interceptor, or an ExternalName Service for it) reaches the workloads of the
-    HTTPScaledObjects that route the Host the edge sends it: the request hold is a way in like any other."""
+    HTTPScaledObjects and InterceptorRoutes that route the Host the edge sends it: the request hold is a way in like any other."""
     ns = namespace(edge.view)
     behind: dict[str, list[Workload]] = {}
     hosts = sent_hosts(edge) if all_holds else {}

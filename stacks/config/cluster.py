@@ -71,7 +71,7 @@ class GpuTaint(_Model):
 class DevicePlugin(_Model):
     enabled: bool = False
     """Deploy the device plugin from this stack."""
-    image: ImageRef = "nvcr.io/nvidia/k8s-device-plugin:v0.17.0"
+    image: ImageRef = "nvcr.io/nvidia/k8s-device-plugin:v0.19.3"
     """Device plugin image with a release version tag or a digest."""
     namespace: K8sName = "kube-system"
     """Namespace of the DaemonSet, and of the ConfigMap of per-node configs written when a node has `gpu.sharing`: the
@@ -143,9 +143,9 @@ class Network(_Model):
 
 
 class RequestHold(_Model):
-    """KEDA's HTTP add-on (v0.12), which holds the requests to a model at zero replicas while it starts: its
-    interceptor proxy receives them and its external scaler wakes the model. The defaults are the add-on's
-    Helm chart (`keda-add-ons-http`) installed in the namespace `keda`."""
+    """KEDA's HTTP add-on (v0.15; v0.14 at least, for the InterceptorRoute), which holds the requests to a model at
+    zero replicas while it starts: its interceptor proxy receives them and its external scaler wakes the model. The
+    defaults are the add-on's Helm chart (`keda-add-ons-http`) installed in the namespace `keda`."""
 
     namespace: K8sName = "keda"
     """Namespace of the add-on's interceptor and external scaler."""

@@ -140,7 +140,7 @@ class Replicas(_Model):
     target_requests_waiting: int = Field(3, ge=1, le=10_000)
     """Autoscaling target: average `vllm:num_requests_waiting` per pod."""
     cold_start_timeout_seconds: int | None = Field(None, ge=1, le=24 * 3600)
-    """With `min: 0`: how long the interceptor holds a request while the model starts (its `conditionWait`); at least the
+    """With `min: 0`: how long the interceptor holds a request while the model starts (the InterceptorRoute's `readiness`); at least the
     startup budget (from `weightsGb`). Unset: image pull allowance + startup budget, the longest a start may take."""
     idle_after: Seconds | None = None
     """With `min: 0`: how long without a request before the last pod goes (KEDA's `cooldownPeriod`), in seconds or as a

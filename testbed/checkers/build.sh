@@ -96,7 +96,9 @@ elif [[ ! -e $crds/.complete ]]; then
 		install -m 0644 "$src/config/crd/standard/gateway.networking.k8s.io_$kind.yaml" "$crds/"
 	done
 	src=$(module_dir "github.com/kedacore/http-add-on@$HTTP_ADD_ON_VERSION")
-	install -m 0644 "$src/config/crd/bases/http.keda.sh_httpscaledobjects.yaml" "$crds/"
+	for kind in httpscaledobjects interceptorroutes; do
+		install -m 0644 "$src/config/crd/bases/http.keda.sh_$kind.yaml" "$crds/"
+	done
 	endpoint_crds "$crds"
 	touch "$crds/.complete"
 	log "CRDs in $crds"

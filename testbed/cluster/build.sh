@@ -28,6 +28,7 @@ components=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl k
 crd_files=(
 	"keda-$KEDA_VERSION/keda.sh_scaledobjects.yaml"
 	"http-add-on-$HTTP_ADD_ON_VERSION/http.keda.sh_httpscaledobjects.yaml"
+	"http-add-on-$HTTP_ADD_ON_VERSION/http.keda.sh_interceptorroutes.yaml"
 	"prometheus-operator-$PROMETHEUS_OPERATOR_VERSION/monitoring.coreos.com_servicemonitors.yaml"
 	"prometheus-operator-$PROMETHEUS_OPERATOR_VERSION/monitoring.coreos.com_podmonitors.yaml"
 	"prometheus-operator-$PROMETHEUS_OPERATOR_VERSION/monitoring.coreos.com_prometheusrules.yaml"
@@ -206,9 +207,9 @@ if [[ ! -s $keda_dir/keda.sh_scaledobjects.yaml ]]; then
 		config/crd/bases/keda.sh_scaledobjects.yaml
 fi
 http_dir="$out/crds/http-add-on-$HTTP_ADD_ON_VERSION"
-if [[ ! -s $http_dir/http.keda.sh_httpscaledobjects.yaml ]]; then
+if [[ ! -s $http_dir/http.keda.sh_interceptorroutes.yaml ]]; then
 	copy_files "$(module_dir "github.com/kedacore/http-add-on@$HTTP_ADD_ON_VERSION")" "$http_dir" \
-		config/crd/bases/http.keda.sh_httpscaledobjects.yaml
+		config/crd/bases/http.keda.sh_httpscaledobjects.yaml config/crd/bases/http.keda.sh_interceptorroutes.yaml
 fi
 prom_dir="$out/crds/prometheus-operator-$PROMETHEUS_OPERATOR_VERSION"
 if [[ ! -s $prom_dir/monitoring.coreos.com_prometheusrules.yaml ]]; then

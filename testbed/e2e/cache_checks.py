@@ -27,7 +27,7 @@ import yaml
 from testbed.bench_fleet.measure import ssh_standin
 from testbed.e2e.cluster_checks import _sequence
 from testbed.e2e.run import require
-from testbed.e2e.sharing_checks import SharingEndToEnd
+from testbed.e2e.upgrade_checks import UpgradeEndToEnd
 from tools.render import ROOT
 
 CACHE_NAMESPACE = "ai-cache"
@@ -43,7 +43,7 @@ SERVING = f"app.kubernetes.io/instance={CACHE_MODEL},app.kubernetes.io/component
 
 
 @dataclass
-class CacheEndToEnd(SharingEndToEnd):
+class CacheEndToEnd(UpgradeEndToEnd):
     """The node-cache checks, on the cluster `cluster-up` started, beside the cluster stack."""
 
     cache_stack: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)

@@ -63,9 +63,9 @@ class Run:
     # ---- running the CLI ------------------------------------------------------------------
 
     def logged(self, argv: list[str], *, shown: str, stdin: str | None = None, check: bool = True, timeout: float = 1800,
-               env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-        """Run a command of the e2e in the project copy, its output appended to the run's log."""
-        proc = subprocess.run(argv, cwd=self.project, env={**self.env, **(env or {})}, input=stdin, capture_output=True,
+               env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+        """Run a command of the e2e in the project copy (or `cwd`), its output appended to the run's log."""
+        proc = subprocess.run(argv, cwd=cwd or self.project, env={**self.env, **(env or {})}, input=stdin, capture_output=True,
                               text=True, timeout=timeout)
         with self.log.open("a") as log:
             log.write(f"$ {' '.join(argv)}\n{proc.stdout}{proc.stderr}[exit {proc.returncode}]\n\n")

@@ -48,8 +48,8 @@ class SharingEndToEnd(DayTwoEndToEnd):
         raw["nodes"], raw["models"] = [shared, mig], []
         return raw
 
-    def sharing_up(self, events: Path) -> list[dict[str, Any]]:
-        self.pulumi("up", "--yes", "--skip-preview", "--event-log", str(events), stack=STACK,
+    def sharing_up(self, events: Path, stack: str = STACK) -> list[dict[str, Any]]:
+        self.pulumi("up", "--yes", "--skip-preview", "--event-log", str(events), stack=stack,
                     env={"PULUMI_DEBUG_COMMANDS": "true"})
         return _events(events)
 

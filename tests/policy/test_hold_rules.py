@@ -1,6 +1,8 @@
 """Scale to zero with the requests held (issue 26 item 2): the pack allows zero replicas of a vLLM workload exactly
 when KEDA's HTTP add-on holds its requests, and refuses the holds and edges that would drop them. One mutation of
-the rendered held model (data/good/vllm-held.yaml) per refusal, over plain YAML as over a preview."""
+the held model (data/good/vllm-held.yaml, as the program rendered it for the add-on's v0.12 HTTPScaledObject) per
+refusal, over plain YAML as over a preview; the InterceptorRoute form the program renders now (v0.14+) is derived from
+it (`to_route`) and judged the same way."""
 
 from __future__ import annotations
 
@@ -31,6 +33,30 @@ def hold(objects: Objects) -> dict[str, Any]:
     return of(objects, "HTTPScaledObject")
 
 
+def to_route(objects: Objects) -> Objects:
+    """The same model held through an InterceptorRoute of the same name, as components/serving/hold.py renders it:
+    target and rules instead of scaleTargetRef, hosts and pathPrefixes; `readiness` for `conditionWait`; no replicas
+    or annotation (the add-on makes no ScaledObject for a route); the trigger names the route."""
+    objects = copy.deepcopy(objects)
+    old = hold(objects)
+    spec = old["spec"]
+    route = {"apiVersion": "http.keda.sh/v1beta1", "kind": "InterceptorRoute",
+             "metadata": {k: v for k, v in old["metadata"].items() if k != "annotations"},
+             "spec": {"target": {"service": spec["scaleTargetRef"]["service"], "port": spec["scaleTargetRef"]["port"]},
+                      "rules": [{"hosts": spec["hosts"], "paths": [{"value": p} for p in spec["pathPrefixes"]]}],
+                      "scalingMetric": spec["scalingMetric"],
+                      "timeouts": {"readiness": spec["timeouts"]["conditionWait"], "responseHeader": spec["timeouts"]["responseHeader"]}}}
+    objects[objects.index(old)] = route
+    for trigger in scaled_object(objects)["spec"]["triggers"]:
+        if trigger["type"] == "external-push":
+            trigger["metadata"]["interceptorRoute"] = trigger["metadata"].pop("httpScaledObject")
+    return objects
+
+
+def route(objects: Objects) -> dict[str, Any]:
+    return of(objects, "InterceptorRoute")
+
+
 def scaled_object(objects: Objects) -> dict[str, Any]:
     return of(objects, "ScaledObject")
 
@@ -47,10 +73,30 @@ def messages(objects: Objects, policy: str) -> str:
     return " | ".join(v.message for v in check(*objects) if v.policy == policy)
 
 
-def test_the_rendered_held_model_passes_as_plain_yaml() -> None:
+def test_the_rendered_held_model_passes_as_plain_yaml(tmp_path: Path) -> None:
     assert main([str(HELD)]) == 0
     # Plain YAML without the nodes: their GPUs go uncounted, which the pack says (advisory), and nothing else.
     assert [(v.policy, v.level) for v in check(*held())] == [("gpu-nodes-declared", "advisory")]
+    routed = tmp_path / "held-route.yaml"
+    routed.write_text(yaml.safe_dump_all(to_route(held())))
+    assert main([str(routed)]) == 0
+    assert [(v.policy, v.level) for v in check(*to_route(held()))] == [("gpu-nodes-declared", "advisory")]
+
+
+def test_mid_upgrade_both_holds_of_one_name_pass() -> None:
+    """The `up` that moves a stack to the route creates it before it deletes the HTTPScaledObject: for a while both are
+    there, the stack's ScaledObject already naming the route."""
+    objects = to_route(held())
+    objects.append(hold(held()))
+    assert mandatory(objects) == set()
+
+
+def test_a_route_whose_service_serves_another_port_is_refused() -> None:
+    objects = to_route(held())
+    route(objects)["spec"]["target"]["port"] = 8001
+    objects.append({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "vllm-qwen3-small", "namespace": "ai"},
+                    "spec": {"selector": {"app.kubernetes.io/instance": "qwen3-small"}, "ports": [{"name": "http", "port": 8000}]}})
+    assert "target sends held requests to port 8001 of Service vllm-qwen3-small" in messages(objects, "vllm-hold-target")
 
 
 # ---------------------------------------------------------------------------- zero replicas only with a hold
@@ -161,6 +207,32 @@ HOLD = [
 ]
 
 
+def set_route_timeout(key: str, value: str | None) -> Callable[[Objects], None]:
+    def mutate(objects: Objects) -> None:
+        objects[:] = to_route(objects)
+        timeouts = route(objects)["spec"]["timeouts"]
+        if value is None:
+            timeouts.pop(key)
+        else:
+            timeouts[key] = value
+    return mutate
+
+
+HOLD += [
+    ("readiness below the startup probe", set_route_timeout("readiness", "20s"),
+     "timeouts.readiness is 20s, below the 600s the startup probe of Deployment vllm-qwen3-small allows for a start: "
+     "the first request after idling gets 504"),
+    ("responseHeader of the route left to v0.14's default", set_route_timeout("responseHeader", None),
+     "timeouts.responseHeader is unset (KEDA_HTTP_RESPONSE_HEADER_TIMEOUT, 300s by default) (< 600s)"),
+]
+
+
+def test_a_route_without_readiness_waits_as_long_as_the_request() -> None:
+    objects = held()
+    set_route_timeout("readiness", None)(objects)
+    assert "vllm-request-hold" not in mandatory(objects)
+
+
 @pytest.mark.parametrize(("mutate", "fragment"), [(m, f) for _, m, f in HOLD], ids=[c for c, _, _ in HOLD])
 def test_a_hold_that_drops_requests_is_refused(mutate: Callable[[Objects], None], fragment: str) -> None:
     objects = held()
@@ -212,11 +284,12 @@ def route_to_the_interceptor(objects: Objects, timeout: str) -> None:
                             "timeouts": {"request": timeout}}]}})
 
 
-def test_a_route_that_gives_up_before_the_hold_is_refused() -> None:
-    objects = held()
+@pytest.mark.parametrize("form", [held, lambda: to_route(held())], ids=["HTTPScaledObject", "InterceptorRoute"])
+def test_a_route_that_gives_up_before_the_hold_is_refused(form: Callable[[], Objects]) -> None:
+    objects = form()
     route_to_the_interceptor(objects, "2400s")
     assert mandatory(objects) == set()
-    objects = held()
+    objects = form()
     route_to_the_interceptor(objects, "15m")
     assert "timeouts.request is 900s in front of the request hold" in messages(objects, "vllm-request-hold")
 

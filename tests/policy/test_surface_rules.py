@@ -61,7 +61,7 @@ def unnamed_port(e: Entries) -> None:
 
 
 def hold_at_target_port(e: Entries) -> None:
-    of(e, "HTTPScaledObject")["spec"]["scaleTargetRef"]["port"] = 8001
+    of(e, "InterceptorRoute")["spec"]["target"]["port"] = 8001
 
 
 def privileged(e: Entries) -> None:
