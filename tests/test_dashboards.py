@@ -54,7 +54,7 @@ def vllm_versions() -> set[str]:
 
 
 def test_every_pinned_vllm_has_a_fixture() -> None:
-    assert vllm_versions() == {"v0.11.0", "v0.18.0"}
+    assert vllm_versions() == {"v0.11.0", "v0.18.0", "v0.34.0"}
     for version in vllm_versions():
         assert (METRICS / f"vllm-{version}.txt").is_file(), f"run tools/metric_names.py on the vllm {version} wheel"
 
@@ -68,6 +68,12 @@ def test_the_fixtures_hold_what_the_sources_say() -> None:
     assert "vllm:time_per_output_token_seconds_bucket" in old - new
     assert "vllm:inter_token_latency_seconds_bucket" in old & new
     assert {"vllm:num_preemptions_total", "vllm:request_success_total", "vllm:time_to_first_token_seconds_count"} <= old & new
+    # v0.34 (the default image): the queue the autoscalers read and the alerts' series are still there; it adds
+    # per-reason waiting counts and admission rejections, and drops prompt_tokens_recomputed.
+    newest = fixture("vllm-v0.34.0")
+    assert {"vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc"} <= new & newest
+    assert {"vllm:admission_rejections_total", "vllm:num_requests_waiting_by_reason"} <= newest - new
+    assert "vllm:prompt_tokens_recomputed_total" in new - newest
     assert {"node_md_state", "node_md_blocks_synced", "node_filesystem_avail_bytes"} <= fixture("node-exporter-v1.12.1")
     assert {"DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED"} <= fixture("dcgm-exporter-4.5.3-4.8.2")
     assert "DCGM_FI_DRIVER_VERSION" not in fixture("dcgm-exporter-4.5.3-4.8.2")  # a label, not a series

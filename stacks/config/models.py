@@ -253,7 +253,7 @@ class Model(_Model):
     """Hugging Face repository, `org/name`."""
     revision: str = Field("main", pattern=REVISION)
     """Commit (40 hex) of the repository; a branch or tag only where `cluster.requireCommitRevisions` is false (a lab)."""
-    image: ImageRef = "vllm/vllm-openai:v0.11.0"
+    image: ImageRef = "vllm/vllm-openai:v0.34.0"
     """vLLM image with a release version tag or a digest (a moving tag such as `latest` or `nightly` is refused)."""
     gpu_product: LabelValue
     """`nodes[].gpu.product` of the nodes this model runs on."""

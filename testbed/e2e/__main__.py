@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
             run.check("shared-gpu-fit", run.shared_gpu_fit, needs=("cluster-up",))
             run.check("mig-layout-change", run.mig_layout_change, needs=("cluster-up",))
             # Day two after a release moved a pin: stacks of their own upgraded by `pulumi up`.
-            run.check("device-plugin-upgrade", run.device_plugin_upgrade, needs=("cluster-up",))
+            run.check("pin-upgrade", run.pin_upgrade, needs=("cluster-up",))
             run.check("hold-upgrade", run.hold_upgrade, needs=("cluster-up",))
             # Every node serves (modelStorage.type nodeCache): a stack of its own on four kwok nodes, its node steps
             # answered by SSH stand-ins; a holder lost, a drain, a new revision, a node taken out.

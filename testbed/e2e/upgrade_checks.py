@@ -1,8 +1,9 @@
 """Day two after a release moved a pin (issue #44 item 6): an existing stack upgraded by `pulumi up`.
 
-- `device-plugin-upgrade`: a stack deployed with the device plugin at the old default (`v0.17.0`, set explicitly
-  here) loses the explicit image, as a stack that leaves it unset does when the project is upgraded: that `up`
-  updates only the plugin's DaemonSets, whose pods roll; the model's pods stay.
+- `pin-upgrade`: a stack deployed with the device plugin and one model at the old defaults (device plugin `v0.17.0`,
+  vLLM `v0.11.0`, set explicitly here) loses both explicit images, as a stack that leaves them unset does when the
+  project is upgraded: that `up` updates the plugin's DaemonSets, whose pods roll, and rolls that model (its download
+  Job first); the model that names its own image keeps its pods.
 - `hold-upgrade`: a stack with a model held at zero, deployed by this project's release before the move from KEDA's
   HTTP add-on v0.12 (HTTPScaledObject) to v0.15 (InterceptorRoute), then upgraded by the current program: the route
   is created before the HTTPScaledObject is deleted, the ScaledObject's trigger is updated in place, and a model
@@ -21,7 +22,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from stacks.config import DevicePlugin
+from stacks.config import DevicePlugin, Model
 from testbed.e2e.cluster_checks import SHARED_NODE, SHARED_PRODUCT, _sequence
 from testbed.e2e.day_two import _changed, _events, _name
 from testbed.e2e.run import CheckError, require, stack_raw
@@ -31,6 +32,9 @@ from tools.render import ROOT
 PLUGIN_STACK = "plugin-upgrade"
 OLD_PLUGIN_IMAGE = "nvcr.io/nvidia/k8s-device-plugin:v0.17.0"
 """The default before the pin moved (docs/nodes.md)."""
+OLD_VLLM_IMAGE = "vllm/vllm-openai:v0.11.0"
+"""The models' default image before the pin moved."""
+DEFAULT_IMAGE_MODEL = "qwen3-default"
 HOLD_STACK = "hold-upgrade"
 HELD_MODEL, ALWAYS_ON = "qwen3-rare", "qwen3-chat"
 HOLD_RENDERED = 'kind="HTTPScaledObject"'
@@ -84,48 +88,74 @@ class UpgradeEndToEnd(SharingEndToEnd):
                 return None
         return plugins or None
 
-    def device_plugin_upgrade(self) -> str:
+    def pin_upgrade(self) -> str:
         if self.kubectl("get", "namespace", OPERATOR_NAMESPACE, check=False).returncode != 0:
             self.kubectl("create", "namespace", OPERATOR_NAMESPACE)
         raw = self.shared_node_raw(PLUGIN_STACK)
         raw["cluster"]["devicePlugin"] = {**raw["cluster"]["devicePlugin"], "enabled": True, "image": OLD_PLUGIN_IMAGE}
+        raw["models"].append({**raw["models"][0], "name": DEFAULT_IMAGE_MODEL, "image": OLD_VLLM_IMAGE})
         self.new_stack(PLUGIN_STACK, raw, self.secret_values(raw, "unused"))
         try:
-            return self._upgrade_plugin()
+            return self._upgrade_pins()
         finally:
             self.pulumi("destroy", "--yes", "--skip-preview", stack=PLUGIN_STACK, check=False)
 
-    def _upgrade_plugin(self) -> str:
-        new_image = DevicePlugin().image
-        require(new_image != OLD_PLUGIN_IMAGE, f"the default device plugin is still {OLD_PLUGIN_IMAGE}")
-        self.sharing_up(self.tmp / "plugin-upgrade-events-1.jsonl", stack=PLUGIN_STACK)
+    def _upgrade_pins(self) -> str:
+        new_plugin, new_vllm = DevicePlugin().image, Model.model_fields["image"].default
+        require(new_plugin != OLD_PLUGIN_IMAGE and new_vllm != OLD_VLLM_IMAGE, "the defaults are still the old pins")
+        self.sharing_up(self.tmp / "pin-upgrade-events-1.jsonl", stack=PLUGIN_STACK)
         before = self.wait_for(f"the device plugin DaemonSets rolled out at {OLD_PLUGIN_IMAGE}", lambda: self.rolled_to(OLD_PLUGIN_IMAGE))
         old_pods = {p["metadata"]["uid"] for p in self.get("pods", "-n", OPERATOR_NAMESPACE)["items"]}
         require(old_pods, f"no device plugin pod runs on the shared node ({sorted(before)})")
-        serving = self.wait_for("the model's pods Ready", lambda: self.ready_model_pods(PLUGIN_STACK))
+        serving = {m: self.wait_for(f"{m}'s pods Ready", lambda m=m: self.ready_model_pods(PLUGIN_STACK, m))
+                   for m in (ALWAYS_ON, DEFAULT_IMAGE_MODEL)}
         maps = self.config_maps()
-        # What an upgrade of the project does to this stack file: nothing names the image, so the new default applies.
-        self.edit_stack(PLUGIN_STACK, lambda config: config["gpu-serving:cluster"]["devicePlugin"].pop("image"))
-        events_path = self.tmp / "plugin-upgrade-events-2.jsonl"
+
+        def upgrade(config: dict[str, Any]) -> None:
+            # What an upgrade of the project does to this stack file: nothing names the images, so the new defaults apply.
+            config["gpu-serving:cluster"]["devicePlugin"].pop("image")
+            next(m for m in config["gpu-serving:models"] if m["name"] == DEFAULT_IMAGE_MODEL).pop("image")
+
+        self.edit_stack(PLUGIN_STACK, upgrade)
+        events_path = self.tmp / "pin-upgrade-events-2.jsonl"
         self.sharing_up(events_path, stack=PLUGIN_STACK)
+        log = _events(events_path)
         changed = {_name(urn): op for urn, op in _changed(events_path).items()}
-        expected = {name: "update" for name in changed if "device-plugin" in name}
-        require(changed and changed == expected and len(changed) == len(before),
-                f"the upgrade did {changed}; expected only the {len(before)} device plugin DaemonSets updated")
-        after = self.wait_for(f"the device plugin DaemonSets rolled out at {new_image}", lambda: self.rolled_to(new_image))
+        plugins = {name: op for name, op in changed.items() if "device-plugin" in name}
+        require(plugins == {name: "update" for name in plugins} and len(plugins) == len(before),
+                f"the upgrade did {plugins} to the device plugin; expected its {len(before)} DaemonSets updated")
+        others = {name: op for name, op in changed.items() if name not in plugins and not name.startswith(f"{DEFAULT_IMAGE_MODEL}-")}
+        require(not others, f"the upgrade changed {others}, which neither pin is part of")
+        require(changed.get(f"{DEFAULT_IMAGE_MODEL}-deployment") == "update", f"{DEFAULT_IMAGE_MODEL} was not rolled: {changed}")
+        # The new Job's outputs (its await saw it complete), not those of deleting the old one (as day_two.change_model).
+        downloaded = next((int(e["sequence"]) for e in log if (meta := (e.get("resOutputsEvent") or {}).get("metadata") or {})
+                           and meta.get("urn", "").endswith(f"::{DEFAULT_IMAGE_MODEL}-download")
+                           and not str(meta.get("op")).startswith(("delete", "discard"))), None)
+        require(downloaded is not None, f"no outputs of {DEFAULT_IMAGE_MODEL}'s new download Job in the event log")
+        rolled = _sequence(log, "resourcePreEvent", f"Deployment::{DEFAULT_IMAGE_MODEL}-deployment")
+        require(downloaded < rolled,
+                f"{DEFAULT_IMAGE_MODEL}'s rollout began (#{rolled}) before its download Job in the new image (#{downloaded})")
+        after = self.wait_for(f"the device plugin DaemonSets rolled out at {new_plugin}", lambda: self.rolled_to(new_plugin))
         require(set(after) == set(before), f"DaemonSets {sorted(before)} became {sorted(after)}")
         new_pods = {p["metadata"]["uid"] for p in self.get("pods", "-n", OPERATOR_NAMESPACE)["items"]}
         require(not old_pods & new_pods, "a device plugin pod of the old pin still runs")
-        now = self.ready_model_pods(PLUGIN_STACK)
-        require(now == serving, f"the model's pods changed: {serving} -> {now}")
+        kept = self.ready_model_pods(PLUGIN_STACK, ALWAYS_ON)
+        require(kept == serving[ALWAYS_ON], f"{ALWAYS_ON}, which names its image, was restarted: {serving[ALWAYS_ON]} -> {kept}")
+        old_default = serving[DEFAULT_IMAGE_MODEL]
+        rolled_pods = self.wait_for(f"{DEFAULT_IMAGE_MODEL}'s new pods Ready", lambda: {
+            uid: t for uid, t in self.ready_model_pods(PLUGIN_STACK, DEFAULT_IMAGE_MODEL).items() if uid not in old_default})
+        template = self.get("deployment", f"vllm-{DEFAULT_IMAGE_MODEL}", "-n", PLUGIN_STACK)["spec"]["template"]
+        image = template["spec"]["containers"][0]["image"]
+        require(image == new_vllm, f"{DEFAULT_IMAGE_MODEL} runs {image}, not the new default {new_vllm}")
         for kind, config_map in self.config_maps().items():
             require(config_map["metadata"]["resourceVersion"] == maps[kind]["metadata"]["resourceVersion"],
                     f"the {kind} ConfigMap was written by the upgrade")
         self.pulumi("preview", "--expect-no-changes", stack=PLUGIN_STACK)
         pods = sum(d["status"]["desiredNumberScheduled"] for d in after.values())
-        return (f"{OLD_PLUGIN_IMAGE} -> {new_image}: the up updated only the {len(after)} plugin DaemonSets "
-                f"({', '.join(sorted(after))}), their {pods} pod(s) replaced and available; the model's "
-                f"{len(serving)} pod(s) kept (same UIDs and start times), the sharing ConfigMaps unwritten")
+        return (f"{OLD_PLUGIN_IMAGE} -> {new_plugin}: the {len(after)} plugin DaemonSets updated, their {pods} pod(s) replaced "
+                f"and available; {OLD_VLLM_IMAGE} -> {new_vllm}: {DEFAULT_IMAGE_MODEL} rolled after its download Job "
+                f"(#{downloaded} < #{rolled}), {len(rolled_pods)} new pod(s) Ready; {ALWAYS_ON} (its own image) kept its "
+                f"{len(kept)} pod(s); nothing else changed ({len(changed)} resources), the sharing ConfigMaps unwritten")
 
     # ---- the HTTP add-on's pin ----------------------------------------------------------------------
 
