@@ -183,9 +183,12 @@ def test_the_add_ons_maximum_counts_against_the_gpus() -> None:
 # ---------------------------------------------------------------------------- the hold's own timeouts
 
 
-def set_timeout(key: str, value: str | None) -> Callable[[Objects], None]:
+def set_timeout(key: str, value: str | None, routed: bool = False) -> Callable[[Objects], None]:
+    """Set (or, with None, drop) one timeout of the hold; `routed`: of its InterceptorRoute form."""
     def mutate(objects: Objects) -> None:
-        timeouts = hold(objects)["spec"]["timeouts"]
+        if routed:
+            objects[:] = to_route(objects)
+        timeouts = (route(objects) if routed else hold(objects))["spec"]["timeouts"]
         if value is None:
             timeouts.pop(key)
         else:
@@ -207,29 +210,18 @@ HOLD = [
 ]
 
 
-def set_route_timeout(key: str, value: str | None) -> Callable[[Objects], None]:
-    def mutate(objects: Objects) -> None:
-        objects[:] = to_route(objects)
-        timeouts = route(objects)["spec"]["timeouts"]
-        if value is None:
-            timeouts.pop(key)
-        else:
-            timeouts[key] = value
-    return mutate
-
-
 HOLD += [
-    ("readiness below the startup probe", set_route_timeout("readiness", "20s"),
+    ("readiness below the startup probe", set_timeout("readiness", "20s", routed=True),
      "timeouts.readiness is 20s, below the 600s the startup probe of Deployment vllm-qwen3-small allows for a start: "
      "the first request after idling gets 504"),
-    ("responseHeader of the route left to v0.14's default", set_route_timeout("responseHeader", None),
+    ("responseHeader of the route left to v0.14's default", set_timeout("responseHeader", None, routed=True),
      "timeouts.responseHeader is unset (KEDA_HTTP_RESPONSE_HEADER_TIMEOUT, 300s by default) (< 600s)"),
 ]
 
 
 def test_a_route_without_readiness_waits_as_long_as_the_request() -> None:
     objects = held()
-    set_route_timeout("readiness", None)(objects)
+    set_timeout("readiness", None, routed=True)(objects)
     assert "vllm-request-hold" not in mandatory(objects)
 
 
