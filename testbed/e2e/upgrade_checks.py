@@ -26,7 +26,7 @@ from stacks.config import DevicePlugin, Model
 from testbed.e2e.cluster_checks import SHARED_NODE, SHARED_PRODUCT, _sequence
 from testbed.e2e.day_two import _changed, _events, _name
 from testbed.e2e.run import CheckError, require, stack_raw
-from testbed.e2e.sharing_checks import OPERATOR_NAMESPACE, SharingEndToEnd
+from testbed.e2e.sharing_checks import MAPS, OPERATOR_NAMESPACE, SharingEndToEnd
 from tools.render import ROOT
 
 PLUGIN_STACK = "plugin-upgrade"
@@ -48,7 +48,9 @@ def release_before(text: str, path: str) -> str:
                            capture_output=True, text=True)
     require(found.returncode == 0 and found.stdout.strip(),
             f"no commit in this clone's history changes {text!r} in {path}: `hold-upgrade` needs the full history (git fetch --unshallow)")
-    return f"{found.stdout.strip()}^"
+    parent = subprocess.run(["git", "-C", str(ROOT), "rev-parse", f"{found.stdout.strip()}^"], capture_output=True, text=True)
+    require(parent.returncode == 0, f"{found.stdout.strip()} has no parent in this clone's history")
+    return parent.stdout.strip()
 
 
 class UpgradeEndToEnd(SharingEndToEnd):
@@ -72,13 +74,13 @@ class UpgradeEndToEnd(SharingEndToEnd):
 
     # ---- the device plugin's pin ------------------------------------------------------------------
 
-    def plugins(self) -> dict[str, dict[str, Any]]:
+    def plugin_daemon_sets(self) -> dict[str, dict[str, Any]]:
         return {d["metadata"]["name"]: d for d in self.get("daemonsets", "-n", OPERATOR_NAMESPACE)["items"]
                 if d["metadata"]["name"].startswith("nvidia-device-plugin")}
 
     def rolled_to(self, image: str) -> dict[str, dict[str, Any]] | None:
         """The plugin DaemonSets once each runs only `image`, all its pods updated and available (None before)."""
-        plugins = self.plugins()
+        plugins = self.plugin_daemon_sets()
         for daemon_set in plugins.values():
             status = daemon_set.get("status") or {}
             spec_image = daemon_set["spec"]["template"]["spec"]["containers"][0]["image"]
@@ -109,7 +111,8 @@ class UpgradeEndToEnd(SharingEndToEnd):
         require(old_pods, f"no device plugin pod runs on the shared node ({sorted(before)})")
         serving = {m: self.wait_for(f"{m}'s pods Ready", lambda m=m: self.ready_model_pods(PLUGIN_STACK, m))
                    for m in (ALWAYS_ON, DEFAULT_IMAGE_MODEL)}
-        maps = self.config_maps()
+        # The time-sliced node's config (no MIG node here: the MIG manager is the GPU Operator's, not this plugin's).
+        plugin_map = self.get("configmap", MAPS["plugin"][1], "-n", OPERATOR_NAMESPACE)["metadata"]["resourceVersion"]
 
         def upgrade(config: dict[str, Any]) -> None:
             # What an upgrade of the project does to this stack file: nothing names the images, so the new defaults apply.
@@ -147,15 +150,14 @@ class UpgradeEndToEnd(SharingEndToEnd):
         template = self.get("deployment", f"vllm-{DEFAULT_IMAGE_MODEL}", "-n", PLUGIN_STACK)["spec"]["template"]
         image = template["spec"]["containers"][0]["image"]
         require(image == new_vllm, f"{DEFAULT_IMAGE_MODEL} runs {image}, not the new default {new_vllm}")
-        for kind, config_map in self.config_maps().items():
-            require(config_map["metadata"]["resourceVersion"] == maps[kind]["metadata"]["resourceVersion"],
-                    f"the {kind} ConfigMap was written by the upgrade")
+        now_map = self.get("configmap", MAPS["plugin"][1], "-n", OPERATOR_NAMESPACE)["metadata"]["resourceVersion"]
+        require(now_map == plugin_map, "the device plugin's ConfigMap was written by the upgrade")
         self.pulumi("preview", "--expect-no-changes", stack=PLUGIN_STACK)
         pods = sum(d["status"]["desiredNumberScheduled"] for d in after.values())
         return (f"{OLD_PLUGIN_IMAGE} -> {new_plugin}: the {len(after)} plugin DaemonSets updated, their {pods} pod(s) replaced "
                 f"and available; {OLD_VLLM_IMAGE} -> {new_vllm}: {DEFAULT_IMAGE_MODEL} rolled after its download Job "
                 f"(#{downloaded} < #{rolled}), {len(rolled_pods)} new pod(s) Ready; {ALWAYS_ON} (its own image) kept its "
-                f"{len(kept)} pod(s); nothing else changed ({len(changed)} resources), the sharing ConfigMaps unwritten")
+                f"{len(kept)} pod(s); nothing else changed ({len(changed)} resources), the plugin's ConfigMap unwritten")
 
     # ---- the HTTP add-on's pin ----------------------------------------------------------------------
 
