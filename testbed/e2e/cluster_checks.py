@@ -188,7 +188,7 @@ class ClusterEndToEnd(EndToEnd):
                                                           for m in held["gpu-serving:models"]])}
         renders["scale-to-zero+gateway"] = lambda: run_program("scale-to-zero", overrides=held_variant, stack_file=held_path)
         must_have = {"prod+gateway+nonRoot": "HTTPRoute", "scale-to-zero+gateway": "ReferenceGrant",
-                     "docs/examples/Pulumi.sharing.yaml": "ConfigMap", "fewgpus": "HTTPScaledObject",
+                     "docs/examples/Pulumi.sharing.yaml": "ConfigMap", "fewgpus": "InterceptorRoute",
                      "docs/examples/Pulumi.endpoint.yaml": "AIGatewayRoute"}
         for label, render in renders.items():
             try:
