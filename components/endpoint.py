@@ -3,15 +3,17 @@ every model it may use, on Envoy AI Gateway v1.0 over Envoy Gateway.
 
 Per team: a Secret of its keys (each data key a client id), an `AIGatewayRoute` whose rules send the body's `model`
 (AI Gateway copies it into `x-ai-eg-model`) to that model's InferencePool, a `SecurityPolicy` that admits only the
-team's keys on the route AI Gateway generates from it (same name), and with `requestsPerMinute` a
-`BackendTrafficPolicy`. A model the team may not use matches no rule: AI Gateway's own not-found answer, the same as
-for a model that does not exist, so a key cannot probe another team's names. `GET /v1/models` is answered by AI
+team's keys on the route AI Gateway generates from it (same name), and a `BackendTrafficPolicy` that turns the
+gateway's own refusals into OpenAI error bodies (and holds `requestsPerMinute`). A model the team may not use matches
+no rule: AI Gateway's not-found answer, the same as for a model that does not exist, so a key cannot probe another
+team's names. `GET /v1/models` is answered by AI
 Gateway per host: the team's models and adapters. A key rotation changes the Secret alone: Envoy Gateway pushes the
 credentials to Envoy, and no model pod restarts.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -98,12 +100,34 @@ def security_policy_spec(tenant: Tenant) -> dict[str, Any]:
     }
 
 
-def rate_limit_spec(tenant: Tenant) -> dict[str, Any]:
-    assert tenant.requests_per_minute is not None
-    return {
+LOCAL_ERRORS = {
+    401: ("invalid_api_key", "Incorrect API key provided."),
+    404: ("model_not_found", "The model does not exist or you do not have access to it."),
+    429: ("rate_limit_exceeded", "Rate limit reached for requests."),
+}
+"""What the gateway itself answers (api_key_auth, AI Gateway's no-matching-route rule, the local rate limit), each
+turned into the error object OpenAI clients parse (`error.code`) rather than Envoy's plain text."""
+
+
+def openai_error(status: int) -> str:
+    code, message = LOCAL_ERRORS[status]
+    kind = "invalid_request_error" if status != 429 else "requests"
+    return json.dumps({"error": {"message": message, "type": kind, "param": None, "code": code}}, separators=(",", ":"))
+
+
+def traffic_policy_spec(tenant: Tenant) -> dict[str, Any]:
+    spec: dict[str, Any] = {
         "targetRefs": _generated_route(tenant),
-        "rateLimit": {"type": "Local", "local": {"rules": [{"limit": {"requests": tenant.requests_per_minute, "unit": "Minute"}}]}},
+        # `Local` only: a model server's own errors (vLLM's are OpenAI's already) pass as they are.
+        "responseOverride": [{
+            "match": {"statusCodes": [{"type": "Value", "value": status}]},
+            "source": "Local",
+            "response": {"contentType": "application/json", "body": {"type": "Inline", "inline": openai_error(status)}},
+        } for status in LOCAL_ERRORS],
     }
+    if tenant.requests_per_minute is not None:
+        spec["rateLimit"] = {"type": "Local", "local": {"rules": [{"limit": {"requests": tenant.requests_per_minute, "unit": "Minute"}}]}}
+    return spec
 
 
 def keys_note(tenant: Tenant, namespace: str) -> str:
@@ -163,12 +187,12 @@ class TeamEndpoint(pulumi.ComponentResource):
                 spec=ai_route_spec(tenant, cluster, models),
                 opts=pulumi.ResourceOptions(parent=self, depends_on=[policy, *args.after]),
             )
-            if tenant.requests_per_minute is not None:
-                k8s.apiextensions.CustomResource(
-                    f"{tenant.name}-rate-limit", api_version=f"{ENVOY_GATEWAY_GROUP}/v1alpha1", kind="BackendTrafficPolicy",
-                    metadata=meta(route_name(tenant)), spec=rate_limit_spec(tenant),
-                    opts=pulumi.ResourceOptions(parent=self, depends_on=[route]),
-                )
+            k8s.apiextensions.CustomResource(
+                f"{tenant.name}-traffic", api_version=f"{ENVOY_GATEWAY_GROUP}/v1alpha1", kind="BackendTrafficPolicy",
+                metadata=meta(route_name(tenant)), spec=traffic_policy_spec(tenant),
+                # Its name when it held the rate limit alone: a stack that had one keeps the object.
+                opts=pulumi.ResourceOptions(parent=self, depends_on=[route], aliases=[pulumi.Alias(name=f"{tenant.name}-rate-limit")]),
+            )
 
         self.urls = pulumi.Output.from_input({t.name: tenant_url(t, cluster) for t in args.tenants})
         self.register_outputs({"urls": self.urls})

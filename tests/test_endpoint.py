@@ -157,10 +157,26 @@ def test_each_teams_route_admits_only_its_own_keys(example: Render) -> None:
         auth = policy["spec"]["apiKeyAuth"]
         assert [ref["name"] for ref in auth["credentialRefs"]] == [f"gs-tenant-{name[3:]}"]
         assert auth["sanitize"] is True and auth["forwardClientIDHeader"] == "x-gs-tenant"
-    limits = objects(example, "BackendTrafficPolicy")
-    assert set(limits) == {"gs-apps"}
-    checkers.validate(limits["gs-apps"])
-    assert limits["gs-apps"]["spec"]["rateLimit"]["local"]["rules"] == [{"limit": {"requests": 600, "unit": "Minute"}}]
+    traffic = objects(example, "BackendTrafficPolicy")
+    assert set(traffic) == {"gs-apps", "gs-data"}
+    for policy in traffic.values():
+        checkers.validate(policy)
+    assert traffic["gs-apps"]["spec"]["rateLimit"]["local"]["rules"] == [{"limit": {"requests": 600, "unit": "Minute"}}]
+    assert "rateLimit" not in traffic["gs-data"]["spec"]
+
+
+def test_the_gateways_own_refusals_are_openai_errors(example: Render) -> None:
+    """What Envoy answers itself (no key, no route for the model, the rate limit) reaches an OpenAI client as the error
+    object it parses; a model server's own answers are left alone."""
+    for name, policy in objects(example, "BackendTrafficPolicy").items():
+        overrides = {o["match"]["statusCodes"][0]["value"]: o for o in policy["spec"]["responseOverride"]}
+        assert set(overrides) == {401, 404, 429}, name
+        for status, override in overrides.items():
+            assert override["source"] == "Local"
+            assert override["response"]["contentType"] == "application/json"
+            error = json.loads(override["response"]["body"]["inline"])["error"]
+            assert error["code"] == {401: "invalid_api_key", 404: "model_not_found", 429: "rate_limit_exceeded"}[status]
+            assert error["message"] and "type" in error and "param" in error
 
 
 def team_secrets(out: Render) -> dict[str, dict[str, str]]:

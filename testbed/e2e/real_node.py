@@ -28,6 +28,7 @@ from typing import Any
 
 from components.serving import NON_ROOT_UID, PRESTOP_S
 from testbed.e2e.cluster_checks import ClusterEndToEnd, _free_port_block, _time
+from testbed.e2e.real_endpoint import ONE_URL_CHECKS, OneUrlChecks
 from testbed.e2e.real_picker import PICKER_ARCHIVE, PICKER_CHECKS, PickerChecks
 from testbed.e2e.run import CheckError, require, stack_raw, tail
 from testbed.node.join import BUNDLE_DISK, GUEST_IP, HUB_GUEST_PORT, POD_GATEWAY, RealNode, make_bundle, ssh_forward
@@ -42,7 +43,7 @@ SMOKE_IMAGE = "gs-testbed/smoke:v1"
 STARTUP_SECONDS = 20
 """The stand-in's pretended load time: long enough that the startup probe must hold Ready back."""
 REAL_NODE_CHECKS = ("real-node-ready", "real-pvc-mounted", "real-request", "real-probes", "real-drain", "real-nonroot", "real-live-rerun",
-                    *PICKER_CHECKS)
+                    *PICKER_CHECKS, *ONE_URL_CHECKS)
 VM_MEMORY_MIB, VM_CPUS = 11264, 2
 """The serving pod is Guaranteed at its memory plus /dev/shm (1Gi + 8Gi here): the kubelet must have 9Gi
 to give. qemu touches guest memory lazily, so the host pays for what the guest uses."""
@@ -57,7 +58,7 @@ def weights_sha256(files: dict[str, bytes]) -> str:
 
 
 @dataclass
-class RealNodeEndToEnd(PickerChecks, ClusterEndToEnd):
+class RealNodeEndToEnd(OneUrlChecks, PickerChecks, ClusterEndToEnd):
     """The real-node checks; a Run of their own (own VM, cluster, stack) beside the kwok ones."""
 
     node: RealNode | None = None
@@ -82,8 +83,11 @@ class RealNodeEndToEnd(PickerChecks, ClusterEndToEnd):
         self.check("real-drain", self.real_drain, needs=("real-node-ready",))
         self.check("real-nonroot", self.real_nonroot, needs=("real-node-ready",))
         self.check("real-live-rerun", self.real_live_rerun, needs=("real-node-ready",))
-        # The endpoint picker on the same node (testbed/e2e/real_picker.py).
+        # The endpoint picker on the same node (testbed/e2e/real_picker.py), then the teams' URLs over three pools
+        # (testbed/e2e/real_endpoint.py), which build on its pool.
         self.picker_checks(NAMESPACE, needs=("real-node-ready",))
+        self.one_url_checks(needs=("real-node-ready",))
+        self.picker_cleanup()
 
     def node_raw(self, vm_port: int, smoke_image: str) -> dict[str, Any]:
         raw = stack_raw("lab")

@@ -58,6 +58,8 @@ class PickerChecks:
         self.check("picker-skips-unready", self.picker_skips_unready, needs=needs)
         self.check("picker-rbac", self.picker_rbac, needs=needs)
         self.check("picker-bench", self.picker_bench, needs=needs)
+
+    def picker_cleanup(self) -> None:
         if self.picker is not None:
             self.kubectl("delete", "-f", "-", "--wait=false", "--ignore-not-found", stdin=self.picker["manifest"], check=False)
 
@@ -351,6 +353,29 @@ def percentiles(values: list[float]) -> dict[str, float]:
 def stack_picker_objects(namespace: str, picker_image: str, work: Path) -> list[dict[str, Any]]:
     """MODEL's InferencePool and every object of its picker, as `tools.render` renders the example endpoint stack
     with `namespace` and `picker_image` (the same code `pulumi up` runs; its objects holding secrets are not needed)."""
+    return model_picker_objects(render_example(namespace, picker_image, work), MODEL)
+
+
+def render_example(namespace: str, picker_image: str, work: Path) -> list[dict[str, Any]]:
+    """Every object `tools.render` renders for the example endpoint stack in `namespace` with `picker_image` (cached
+    in `work`: the picker and the one-URL checks share one render)."""
+    out = work / "rendered" / "manifests.yaml"
+    if not out.exists():
+        _render(namespace, picker_image, work)
+    return [d for d in yaml.safe_load_all(out.read_text()) if d]
+
+
+def model_picker_objects(documents: list[dict[str, Any]], model: str) -> list[dict[str, Any]]:
+    """`model`'s InferencePool and every object of its picker, from the render."""
+    (pool,) = [d for d in documents if d["kind"] == "InferencePool" and d["metadata"]["name"] == f"vllm-{model}"]
+    picker = pool["spec"]["endpointPickerRef"]["name"]
+    objects = [pool, *(d for d in documents if d["metadata"]["name"] == picker)]
+    kinds = sorted(o["kind"] for o in objects)
+    require(kinds == sorted(PICKER_KINDS), f"the render of {picker}: {kinds}, not {sorted(PICKER_KINDS)}")
+    return objects
+
+
+def _render(namespace: str, picker_image: str, work: Path) -> None:
     stack = yaml.safe_load(EXAMPLE.read_text())
     cluster = stack["config"]["gpu-serving:cluster"]
     cluster["namespace"] = namespace
@@ -362,13 +387,6 @@ def stack_picker_objects(namespace: str, picker_image: str, work: Path) -> list[
                             cwd=ROOT, capture_output=True, text=True, timeout=300)
     if render.returncode != 0:
         raise CheckError(f"tools.render of the example endpoint stack: {tail(render.stderr)}")
-    documents = [d for d in yaml.safe_load_all((work / "rendered" / "manifests.yaml").read_text()) if d]
-    (pool,) = [d for d in documents if d["kind"] == "InferencePool" and d["metadata"]["name"] == f"vllm-{MODEL}"]
-    picker = pool["spec"]["endpointPickerRef"]["name"]
-    objects = [pool, *(d for d in documents if d["metadata"]["name"] == picker)]
-    kinds = sorted(o["kind"] for o in objects)
-    require(kinds == sorted(PICKER_KINDS), f"the render of {picker}: {kinds}, not {sorted(PICKER_KINDS)}")
-    return objects
 
 
 PICKER_KINDS = ("InferencePool", "ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Deployment", "Service", "NetworkPolicy")

@@ -2,7 +2,8 @@
 # Build the picker proof's Go binaries from pinned modules (testbed/cluster/versions.env):
 #   epp                  the endpoint picker, sigs.k8s.io/gateway-api-inference-extension cmd/epp
 #   llm-d-inference-sim  llm-d's vLLM simulator, github.com/llm-d/llm-d-inference-sim cmd/llm-d-inference-sim
-#   extproc-client       testbed/endpoint/extproc_client: plays Envoy's side of the ext_proc stream
+#   extproc-client       testbed/endpoint/extproc_client: plays Envoy's side of the ext_proc stream, and
+#                        with -serve the gateway's data plane (a stand-in: none can be built here)
 # (The CRDs come from the cluster build: cluster.sh serves them from the start.)
 # One wrapper module requires both upstream modules and holds the client, and one `go build` makes
 # all three, so what they share (client-go, controller-runtime, grpc, protobuf, prometheus) is
@@ -28,8 +29,8 @@ need_go "the endpoint picker"
 go_version=$(go env GOVERSION)
 gaie=sigs.k8s.io/gateway-api-inference-extension
 sim=github.com/llm-d/llm-d-inference-sim
-client_src="$here/extproc_client/main.go"
-client_sum=$(sha256sum "$client_src" | cut -c1-12)
+client_src="$here/extproc_client"
+client_sum=$(cat "$client_src"/*.go | sha256sum | cut -c1-12)
 key="gaie-$INFERENCE_EXTENSION_VERSION-sim-$INFERENCE_SIM_VERSION-$go_version"
 out="$GS_CACHE/endpoint/$key"
 bin="$out/bin"
@@ -61,7 +62,8 @@ grep -q "^	$sim " "$src/go.mod" || (cd "$src" && go get "$sim/cmd/llm-d-inferenc
 record modules $((SECONDS - start))
 
 mkdir -p "$src/extprocclient" "$src/bin"
-install -m 0644 "$client_src" "$src/extprocclient/main.go"
+rm -f "$src/extprocclient"/*.go
+install -m 0644 "$client_src"/*.go "$src/extprocclient/"
 # The EPP logs this at start and exports it as a metric label; its release images stamp it the same way.
 ldflags="-s -w -X $gaie/version.BuildRef=$INFERENCE_EXTENSION_VERSION"
 targets=(./extprocclient)

@@ -15,6 +15,8 @@
 // TLS without verification by default, as Envoy AI Gateway v1.0 connects to the picker (the EPP
 // serves a self-signed certificate unless --secure-serving=false); -plaintext for h2c.
 //
+// With -serve it is instead the stand-in for the gateway's data plane (gateway.go).
+//
 // For the picker benchmark (testbed/e2e/real_picker.py) it also plays Envoy's last hop: with
 // -forward it sends each request, streamed, to the endpoint picked, as Envoy's original-destination
 // cluster would; with -endpoints it skips the picker and sends round-robin over the list (the
@@ -78,7 +80,16 @@ func main() {
 	endpoints := flag.String("endpoints", "", "host:port,...: no picker; send round-robin over these")
 	concurrency := flag.Int("c", 1, "requests at once")
 	maxTokens := flag.Int("max-tokens", 4, "the body's max_tokens")
+	serveConfig := flag.String("serve", "", "a JSON file: serve as the gateway's data plane instead (gateway.go)")
+	listen := flag.String("listen", "127.0.0.1:8088", "with -serve: the address to listen on")
 	flag.Parse()
+	if *serveConfig != "" {
+		if err := serve(*serveConfig, *listen); err != nil {
+			fmt.Fprintf(os.Stderr, "ERROR: %v\n", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if *model == "" {
 		fmt.Fprintln(os.Stderr, "ERROR: -model is required (the body's model)")
 		os.Exit(2)
@@ -88,7 +99,7 @@ func main() {
 	if *endpoints != "" {
 		targets = strings.Split(*endpoints, ",")
 	} else {
-		creds := credentials.NewTLS(&tls.Config{InsecureSkipVerify: true}) //nolint:gosec // as Envoy AI Gateway v1.0 connects
+		creds := credentials.NewTLS(tlsNoVerify())
 		if *plaintext {
 			creds = insecure.NewCredentials()
 		}
@@ -147,6 +158,9 @@ func main() {
 		os.Exit(1)
 	}
 }
+
+// tlsNoVerify is how Envoy AI Gateway v1.0 connects to the picker, whose certificate is self-signed.
+func tlsNoVerify() *tls.Config { return &tls.Config{InsecureSkipVerify: true} } //nolint:gosec // as above
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
