@@ -101,6 +101,8 @@ if config.tenants:
             models=tuple(m for m in config.models if config.on_endpoint(m)),
             keys={t.name: tuple(stacks.secret(key) for key in t.api_key_secrets) for t in config.tenants}
             if config.writes_secrets else None,
+            held_keys={m.name: stacks.secret(m.api_key_secret) for m in config.models
+                       if config.on_endpoint(m) and m.scales_to_zero and m.api_key_secret} if config.writes_secrets else None,
             namespace=cluster.namespace,
             after=tuple(s for m, s in zip(config.models, services, strict=True) if config.on_endpoint(m)),
         ),

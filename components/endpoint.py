@@ -22,7 +22,7 @@ import pulumi_kubernetes as k8s
 
 from components.cluster import applied_annotations
 from components.serving.gateway import GATEWAY_GROUP, route_timeouts
-from components.serving.names import object_name
+from components.serving.names import hold_host, hold_name, object_name
 from components.serving.picker import INFERENCE_GROUP
 from stacks.config import ClusterConfig, Model
 from stacks.config.checks.endpoint import served_names
@@ -33,7 +33,8 @@ MODEL_HEADER = "x-ai-eg-model"
 TENANT_HEADER = "x-gs-tenant"
 """The team's client id, which Envoy's api_key_auth sets (over anything the client sent) after the key matched."""
 ENVOY_GATEWAY_GROUP = "gateway.envoyproxy.io"
-AI_GATEWAY_API = "aigateway.envoyproxy.io/v1beta1"
+AI_GATEWAY_GROUP = "aigateway.envoyproxy.io"
+AI_GATEWAY_API = f"{AI_GATEWAY_GROUP}/v1beta1"
 
 
 def route_name(tenant: Tenant) -> str:
@@ -67,6 +68,40 @@ def granted(tenant: Tenant, models: list[Model]) -> list[tuple[str, Model]]:
             if served in names or model.name in names]
 
 
+def backend_ref(model: Model) -> dict[str, str]:
+    """Where a rule sends the model's requests: its InferencePool, or for a held model (`replicas.min: 0`) the
+    AIServiceBackend of its hold, since a picker has no pod to pick while the model is at zero and cannot wake it."""
+    if model.scales_to_zero:
+        return {"name": hold_name(model)}
+    return {"group": INFERENCE_GROUP, "kind": "InferencePool", "name": object_name(model)}
+
+
+def hold_backend_spec(model: Model, cluster: ClusterConfig) -> dict[str, Any]:
+    """Envoy Gateway's `Backend` for a held model: the hold Service's full DNS name on the interceptor's port. AI
+    Gateway rewrites the Host to the backend's hostname, which is one of the hosts the model's InterceptorRoute
+    routes by (hold.py `hold_hosts`), so the request reaches the model's own route, counter and wake-up."""
+    hold = cluster.request_hold
+    assert hold is not None
+    fqdn = f"{hold_host(model, cluster.namespace)}.{hold.cluster_domain}"
+    return {"endpoints": [{"fqdn": {"hostname": fqdn, "port": hold.interceptor_port}}]}
+
+
+def hold_service_backend_spec(model: Model) -> dict[str, Any]:
+    return {"schema": {"name": "OpenAI"},
+            "backendRef": {"group": ENVOY_GATEWAY_GROUP, "kind": "Backend", "name": hold_name(model)}}
+
+
+def hold_key_policy_spec(model: Model) -> dict[str, Any]:
+    """The model's own key, which AI Gateway sets as `Authorization: Bearer` on what it sends to the interceptor: the
+    interceptor is reachable by every pod, and without the key the model answers nobody who came past the teams."""
+    return {"type": "APIKey", "apiKey": {"secretRef": {"name": hold_key_secret_name(model)}},
+            "targetRefs": [{"group": AI_GATEWAY_GROUP, "kind": "AIServiceBackend", "name": hold_name(model)}]}
+
+
+def hold_key_secret_name(model: Model) -> str:
+    return f"{hold_name(model)}-key"
+
+
 def ai_route_spec(tenant: Tenant, cluster: ClusterConfig, models: list[Model]) -> dict[str, Any]:
     gateway = cluster.gateway
     assert gateway is not None
@@ -76,7 +111,7 @@ def ai_route_spec(tenant: Tenant, cluster: ClusterConfig, models: list[Model]) -
     rules = [{
         "matches": [{"headers": [{"type": "Exact", "name": MODEL_HEADER, "value": served}]}],
         # An adapter is served by its base model's pods, under its own name.
-        "backendRefs": [{"group": INFERENCE_GROUP, "kind": "InferencePool", "name": object_name(model)}],
+        "backendRefs": [backend_ref(model)],
         "timeouts": route_timeouts(model),
     } for served, model in granted(tenant, models)]
     return {"parentRefs": [parent], "hostnames": [tenant_host(tenant, cluster)], "rules": rules}
@@ -130,6 +165,13 @@ def traffic_policy_spec(tenant: Tenant) -> dict[str, Any]:
     return spec
 
 
+def hold_key_note(model: Model, namespace: str) -> str:
+    return (f"renderYamlTo: Secret {namespace}/{hold_key_secret_name(model)} (the key the gateway presents to held model "
+            f"{model.name}) is not written, its value would be plain text in the YAML; create it in the cluster with data "
+            f"key apiKey (`kubectl -n {namespace} create secret generic {hold_key_secret_name(model)} "
+            f"--from-file=apiKey=api-key.txt`)")
+
+
 def keys_note(tenant: Tenant, namespace: str) -> str:
     """What to create by hand when the stack renders YAML (the keys would be plain text in the files)."""
     files = " ".join(f"--from-file={cid}={cid}.txt" for cid in client_ids(tenant))
@@ -149,6 +191,9 @@ class TeamEndpointArgs:
     namespace: pulumi.Input[str]
     after: tuple[pulumi.Resource, ...] = ()
     """The models' InferencePools (their VllmServices)."""
+    held_keys: dict[str, pulumi.Input[str]] | None = None
+    """Each held model's own key (`models[].apiKeySecret`), which the gateway presents to it; None when the stack
+    renders YAML."""
 
 
 class TeamEndpoint(pulumi.ComponentResource):
@@ -168,6 +213,9 @@ class TeamEndpoint(pulumi.ComponentResource):
                         "app.kubernetes.io/managed-by": "pulumi"},
             )
 
+        held: list[pulumi.Resource] = []
+        for model in (m for m in models if m.scales_to_zero):
+            held += self._hold_backend(model, args, meta)
         for tenant in args.tenants:
             secrets: list[pulumi.Resource] = []
             if args.keys is None:
@@ -185,7 +233,7 @@ class TeamEndpoint(pulumi.ComponentResource):
             route = k8s.apiextensions.CustomResource(
                 f"{tenant.name}-route", api_version=AI_GATEWAY_API, kind="AIGatewayRoute", metadata=meta(route_name(tenant)),
                 spec=ai_route_spec(tenant, cluster, models),
-                opts=pulumi.ResourceOptions(parent=self, depends_on=[policy, *args.after]),
+                opts=pulumi.ResourceOptions(parent=self, depends_on=[policy, *held, *args.after]),
             )
             k8s.apiextensions.CustomResource(
                 f"{tenant.name}-traffic", api_version=f"{ENVOY_GATEWAY_GROUP}/v1alpha1", kind="BackendTrafficPolicy",
@@ -196,3 +244,25 @@ class TeamEndpoint(pulumi.ComponentResource):
 
         self.urls = pulumi.Output.from_input({t.name: tenant_url(t, cluster) for t in args.tenants})
         self.register_outputs({"urls": self.urls})
+
+    def _hold_backend(self, model: Model, args: TeamEndpointArgs, meta: Any) -> list[pulumi.Resource]:
+        """A held model's way from the teams' routes to its interceptor route, with its own key presented on the way."""
+        child, name = pulumi.ResourceOptions(parent=self), model.name
+        made: list[pulumi.Resource] = []
+        if args.held_keys is None:
+            pulumi.log.warn(hold_key_note(model, args.cluster.namespace), resource=self)
+        else:
+            made.append(k8s.core.v1.Secret(f"{name}-hold-key", metadata=meta(hold_key_secret_name(model)), type="Opaque",
+                                           string_data={"apiKey": args.held_keys[name]}, opts=child))
+        made.append(k8s.apiextensions.CustomResource(
+            f"{name}-hold-backend", api_version=f"{ENVOY_GATEWAY_GROUP}/v1alpha1", kind="Backend",
+            metadata=meta(hold_name(model)), spec=hold_backend_spec(model, args.cluster), opts=child))
+        made.append(k8s.apiextensions.CustomResource(
+            f"{name}-hold-service-backend", api_version=AI_GATEWAY_API, kind="AIServiceBackend",
+            metadata=meta(hold_name(model)), spec=hold_service_backend_spec(model), opts=child))
+        # Before any route names the backend: a request never leaves without the model's key.
+        made.append(k8s.apiextensions.CustomResource(
+            f"{name}-hold-key-policy", api_version=AI_GATEWAY_API, kind="BackendSecurityPolicy",
+            metadata=meta(hold_name(model)), spec=hold_key_policy_spec(model),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=list(made))))
+        return made

@@ -32,9 +32,10 @@ endpoint_crds() {
 		"$src/inference.networking.x-k8s.io_inferenceobjectives.yaml" \
 		"$src/inference.networking.x-k8s.io_inferencemodelrewrites.yaml" "$dest/"
 	src=$(module_dir "github.com/envoyproxy/ai-gateway@$AI_GATEWAY_VERSION")/manifests/charts/ai-gateway-crds-helm/templates
-	install -m 0644 "$src/aigateway.envoyproxy.io_aigatewayroutes.yaml" "$src/aigateway.envoyproxy.io_aiservicebackends.yaml" "$dest/"
+	install -m 0644 "$src/aigateway.envoyproxy.io_aigatewayroutes.yaml" "$src/aigateway.envoyproxy.io_aiservicebackends.yaml" \
+		"$src/aigateway.envoyproxy.io_backendsecuritypolicies.yaml" "$dest/"
 	src=$(module_dir "github.com/envoyproxy/gateway@$ENVOY_GATEWAY_VERSION")/charts/gateway-crds-helm/templates/generated
-	for f in securitypolicies backendtrafficpolicies; do
+	for f in securitypolicies backendtrafficpolicies backends; do
 		grep -v '^{{' "$src/gateway.envoyproxy.io_$f.yaml" >"$dest/gateway.envoyproxy.io_$f.yaml"
 	done
 }

@@ -67,7 +67,8 @@ def changed(mutate: Any) -> dict[str, Any]:
     (lambda r: r["models"][1].update(ingress={"host": "mistral.example.com"}), "models[1].ingress: not for a model on the endpoint",
      "endpoint: false"),
     (lambda r: r["models"][1].update(endpoint=False), "tenants[0].models[1]: mistral is not on the endpoint", ""),
-    (lambda r: r["models"][2].update(replicas={"min": 0, "max": 1}), "models[2].replicas", "endpoint: false"),
+    (lambda r: (r["cluster"].update(requestHold={}), r["models"][2].update(replicas={"min": 0, "max": 1})),
+     "models[2].apiKeySecret: required for a model at replicas.min 0 on the endpoint", "every pod can reach"),
     (lambda r: r["cluster"]["network"].update(clientNamespaces=["apps"]), "cluster.network.clientNamespaces: not with cluster.endpoint",
      "without a team's key"),
     (lambda r: r["cluster"]["endpoint"].update(domain="ai"), "cluster.endpoint.domain", "a DNS domain with a dot"),
@@ -179,14 +180,18 @@ def test_the_gateways_own_refusals_are_openai_errors(example: Render) -> None:
             assert error["message"] and "type" in error and "param" in error
 
 
-def team_secrets(out: Render) -> dict[str, dict[str, str]]:
-    """Each team Secret's data as declared (a Pulumi secret arrives wrapped: its value under `value`)."""
+def secret_data(out: Render) -> dict[str, dict[str, str]]:
+    """Each Secret's data as declared (a Pulumi secret arrives wrapped: its value under `value`)."""
     found = {}
     for resource in out.kubernetes_resources():
-        if resource.type.endswith(":Secret") and resource.inputs["metadata"]["name"].startswith("gs-tenant-"):
+        if resource.type.endswith(":Secret"):
             data = resource.inputs["stringData"]
             found[resource.inputs["metadata"]["name"]] = data.get("value", data)
     return found
+
+
+def team_secrets(out: Render) -> dict[str, dict[str, str]]:
+    return {name: data for name, data in secret_data(out).items() if name.startswith("gs-tenant-")}
 
 
 def test_keys_are_in_the_teams_secrets_only_and_a_rotation_touches_nothing_else() -> None:
@@ -227,3 +232,51 @@ def test_a_stack_without_the_endpoint_declares_none_of_it() -> None:
     kinds = {o["kind"] for o in prod.kubernetes_objects()}
     assert not kinds & {"InferencePool", "AIGatewayRoute", "SecurityPolicy", "BackendTrafficPolicy", "Role"}
     assert "endpoint" not in prod.outputs
+
+
+HELD_KEY = "k-embed-5e0c7a19b2d84f63"
+
+
+@pytest.fixture(scope="module")
+def held() -> Render:
+    """The example with embed at `replicas.min: 0` (its requests held by KEDA's HTTP add-on) and its own key."""
+    raw = example_raw()
+    raw["cluster"]["requestHold"] = {}
+    raw["models"][2].update(replicas={"min": 0, "max": 1}, apiKeySecret="embedApiKey")
+    return render(raw, secret_values={"embedApiKey": HELD_KEY})
+
+
+def test_a_held_model_is_reached_through_its_hold_with_its_own_key(held: Render) -> None:
+    """The teams' rules send embed to the interceptor, under a Host its InterceptorRoute routes by, with embed's own key
+    set by the gateway; embed has no pool or picker (nothing to pick at zero) and admits the interceptor alone."""
+    (rule,) = [r for r in objects(held, "AIGatewayRoute")["gs-data"]["spec"]["rules"]
+               if r["matches"][0]["headers"][0]["value"] == "embed"]
+    assert rule["backendRefs"] == [{"name": "vllm-embed-hold"}]
+    service_backend = objects(held, "AIServiceBackend")["vllm-embed-hold"]
+    assert service_backend["spec"]["backendRef"] == {"group": "gateway.envoyproxy.io", "kind": "Backend", "name": "vllm-embed-hold"}
+    (endpoint,) = objects(held, "Backend")["vllm-embed-hold"]["spec"]["endpoints"]
+    route = objects(held, "InterceptorRoute")["vllm-embed-hold"]["spec"]
+    assert endpoint["fqdn"]["hostname"] in route["rules"][0]["hosts"] and endpoint["fqdn"]["port"] == 8080
+    assert route["target"] == {"service": "vllm-embed", "port": 8000}
+    policy = objects(held, "BackendSecurityPolicy")["vllm-embed-hold"]["spec"]
+    assert policy["targetRefs"] == [{"group": "aigateway.envoyproxy.io", "kind": "AIServiceBackend", "name": "vllm-embed-hold"}]
+    # The key the gateway presents is the one vLLM checks.
+    secrets = secret_data(held)
+    presented = secrets[policy["apiKey"]["secretRef"]["name"]]["apiKey"]
+    container = objects(held, "Deployment")["vllm-embed"]["spec"]["template"]["spec"]["containers"][0]
+    (checked,) = [e["valueFrom"]["secretKeyRef"] for e in container["env"] if e["name"] == "VLLM_API_KEY"]
+    assert presented == secrets[checked["name"]][checked["key"]] == HELD_KEY
+    for kind in ("AIServiceBackend", "Backend", "BackendSecurityPolicy", "InterceptorRoute", "AIGatewayRoute"):
+        for obj in objects(held, kind).values():
+            checkers.validate(obj)
+    assert "vllm-embed" not in objects(held, "InferencePool") and "vllm-embed-epp" not in objects(held, "Deployment")
+    peers = objects(held, "NetworkPolicy")["vllm-embed"]["spec"]["ingress"][0]["from"]
+    assert peers[0]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "interceptor"
+    assert not any("gateway.envoyproxy.io/owning-gateway-name" in p["podSelector"]["matchLabels"] for p in peers)
+    # The other models keep their pools.
+    assert set(objects(held, "InferencePool")) == {"vllm-qwen3", "vllm-mistral"}
+
+
+def test_a_held_models_key_is_never_in_the_plain_objects(held: Render) -> None:
+    text = json.dumps([o for o in held.kubernetes_objects() if o["kind"] != "Secret"])
+    assert HELD_KEY not in text

@@ -75,7 +75,8 @@ class VllmServiceArgs:
     """What the serving pods need first: cluster-wide objects (ClusterBase.serving_needs: the PriorityClass)
     and the label patches of the nodes they select (components.node.labelled_for)."""
     on_endpoint: bool = False
-    """Behind the teams' endpoint (`cluster.endpoint`): an InferencePool and its endpoint picker (picker.py)."""
+    """Behind the teams' endpoint (`cluster.endpoint`): an InferencePool and its endpoint picker (picker.py); a held
+    model (`replicas.min: 0`) has neither: the teams' routes reach it through its hold (components/endpoint.py)."""
     holders: dict[str, pulumi.Resource] = field(default_factory=dict)
     """With a node cache (`modelStorage.type: nodeCache`): the nodes that hold the model's weights, each with what
     labels it a cache node (GpuNode.node_patch); `claim_name` is then the cache's claim. Empty: one shared volume."""
@@ -161,7 +162,9 @@ class VllmService(pulumi.ComponentResource):
         )
         service = k8s.core.v1.Service(f"{name}-service", metadata=meta(base, "inference-server"), spec=service_spec(model), opts=child)
         endpoint_peers = ()
-        if args.on_endpoint:
+        # A held model on the endpoint is reached through its hold (the teams' routes send to the interceptor):
+        # a picker would have no pod to pick at zero. Its pods admit the interceptor, as for any held model.
+        if args.on_endpoint and not model.scales_to_zero:
             endpoint_peers = (data_plane_peer(cluster), k8s.networking.v1.NetworkPolicyPeerArgs(
                 pod_selector=k8s.meta.v1.LabelSelectorArgs(match_labels=picker_labels(model))))
             self._pool(name, model, cluster, meta, deployment)

@@ -18,6 +18,10 @@ AI_ROUTE = "kubernetes:aigateway.envoyproxy.io/v1beta1:AIGatewayRoute"
 HTTP_ROUTE = "kubernetes:gateway.networking.k8s.io/v1:HTTPRoute"
 POOL = "kubernetes:inference.networking.k8s.io/v1:InferencePool"
 SECURITY_POLICY = "kubernetes:gateway.envoyproxy.io/v1alpha1:SecurityPolicy"
+BACKEND_SECURITY_POLICY = "kubernetes:aigateway.envoyproxy.io/v1beta1:BackendSecurityPolicy"
+# A BackendSecurityPolicy's type and the block that holds its credential (AI Gateway v1.0 api/v1beta1).
+BACKEND_CREDENTIALS = {"APIKey": "apiKey", "AzureAPIKey": "azureAPIKey", "AnthropicAPIKey": "anthropicAPIKey",
+                       "AWSCredentials": "awsCredentials", "AzureCredentials": "azureCredentials", "GCPCredentials": "gcpCredentials"}
 NETWORK_POLICY = "kubernetes:networking.k8s.io/v1:NetworkPolicy"
 ROLE = "kubernetes:rbac.authorization.k8s.io/v1:Role"
 ROLE_BINDING = "kubernetes:rbac.authorization.k8s.io/v1:RoleBinding"
@@ -121,7 +125,8 @@ def check_routes_to_pool(resources: list[Resource], _cfg: Mapping) -> Iterator[t
         for rule in as_list(dig(route.view, "spec", "rules")):
             for ref in as_list(as_map(rule).get("backendRefs")):
                 ref = as_map(ref)
-                if ref.get("kind", "Service") != "Service":
+                # Without a kind, AI Gateway takes the name for an AIServiceBackend's (endpoint-backend-key).
+                if ref.get("kind") != "Service":
                     continue
                 pool = pooled.get((str(ref.get("namespace") or ns), str(ref.get("name"))))
                 if pool:
@@ -205,6 +210,29 @@ def check_picker_rbac(resources: list[Resource], _cfg: Mapping) -> Iterator[tupl
                                     "cluster-wide rights; it needs only its namespace's pods and pools")
 
 
+def check_backend_key(resources: list[Resource], _cfg: Mapping) -> Iterator[tuple[Resource, str]]:
+    """A rule to an AIServiceBackend (a held model's way to its interceptor) with no BackendSecurityPolicy giving the
+    backend a credential: the interceptor is reachable by every pod, so the model must check a key of its own, and
+    the gateway must present it."""
+    keyed = {(k8s.namespace(p.view), str(as_map(ref).get("name")))
+             for p in k8s.kinds_in(resources, frozenset({BACKEND_SECURITY_POLICY}))
+             if as_map(dig(p.view, "spec", BACKEND_CREDENTIALS.get(str(dig(p.view, "spec", "type")), "")))
+             for ref in as_list(dig(p.view, "spec", "targetRefs")) if as_map(ref).get("kind") == "AIServiceBackend"}
+    for route in k8s.kinds_in(resources, frozenset({AI_ROUTE})):
+        ns = k8s.namespace(route.view)
+        for rule in as_list(dig(route.view, "spec", "rules")):
+            for ref in as_list(as_map(rule).get("backendRefs")):
+                ref = as_map(ref)
+                if ref.get("kind", "AIServiceBackend") != "AIServiceBackend":
+                    continue
+                if (str(ref.get("namespace") or ns), str(ref.get("name"))) not in keyed:
+                    yield route, (f"AIGatewayRoute {_name(route)} sends to AIServiceBackend {ref.get('name')}, which no "
+                                  "BackendSecurityPolicy gives a credential: the requests reach the model (through the "
+                                  "interceptor, for a held one) with no key, so anything else that reaches it does too. Add "
+                                  f"a BackendSecurityPolicy of type APIKey targeting AIServiceBackend {ref.get('name')}, "
+                                  "with the key the model checks.")
+
+
 def check_tenant_keys(resources: list[Resource], _cfg: Mapping) -> Iterator[tuple[Resource, str]]:
     for policy in k8s.kinds_in(resources, frozenset({SECURITY_POLICY})):
         ns = k8s.namespace(policy.view)
@@ -238,6 +266,10 @@ RULES = [
          "An endpoint picker's Roles read only pods, inferencepools, inferenceobjectives, inferencemodelrewrites "
          "(get, list, watch; leases with more than one replica); no ClusterRoleBinding.",
          MANDATORY, check_picker_rbac),
+    Rule("endpoint-backend-key",
+         "An AIGatewayRoute's AIServiceBackend (a held model's way through the interceptor) is given the model's key by "
+         "a BackendSecurityPolicy.",
+         MANDATORY, check_backend_key),
     Rule("tenant-keys-in-secrets",
          "A SecurityPolicy's apiKeyAuth reads keys from Secrets in its own namespace.",
          MANDATORY, check_tenant_keys),

@@ -281,7 +281,9 @@ class Model(_Model):
     env: dict[Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")], str] = {}
     """More environment variables, literal values only; secret-looking names are refused."""
     api_key_secret: SecretKeyName | None = None
-    """Secret config key holding the vLLM API key; unset serves without one (then `ingress` needs `authUrl`)."""
+    """Secret config key holding the vLLM API key; unset serves without one (then `ingress` needs `authUrl`). Behind
+    `cluster.endpoint` only for a model at `replicas.min: 0`, which needs one: the gateway presents it to the model
+    through the interceptor."""
     egress_cidrs: list[Annotated[str, StringConstraints(pattern=CIDR)]] = []
     """Networks the serving pods may reach besides DNS (e.g. a tracing collector); by default nothing else."""
     cpu: str = Field("4", pattern=r"^[0-9]+(\.[0-9]+|m)?$")
@@ -297,8 +299,8 @@ class Model(_Model):
     lora: Lora | None = None
     """LoRA adapters served on top of this model (`--enable-lora`); unset: none."""
     endpoint: bool | None = None
-    """With `cluster.endpoint`: behind the teams' endpoint (an InferencePool and a picker; default); false: only its own
-    `ingress`, if any."""
+    """With `cluster.endpoint`: behind the teams' endpoint (an InferencePool and a picker; default; at `replicas.min: 0`
+    its request hold instead); false: only its own `ingress`, if any."""
     nodes: list[NodeName] | None = Field(None, min_length=1)
     """With `modelStorage.type: nodeCache`: the nodes that hold its weights and may run its pods (for small arrays);
     unset: every cache node of its `gpuProduct` that advertises its `gpuResource`."""

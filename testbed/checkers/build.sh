@@ -23,7 +23,7 @@ BUILD_NAME=checkers
 source "$here/../lib.sh"
 
 crds="$GS_CACHE/crds/keda-$KEDA_VERSION-prometheus-operator-$PROMETHEUS_OPERATOR_VERSION-gateway-api-$GATEWAY_API_VERSION"
-crds+="-http-add-on-$HTTP_ADD_ON_VERSION-endpoint-$INFERENCE_EXTENSION_VERSION-$AI_GATEWAY_VERSION-$ENVOY_GATEWAY_VERSION"
+crds+="-http-add-on-$HTTP_ADD_ON_VERSION-$ENDPOINT_CRDS"
 case ${PROMTOOL:=debian} in
 debian) out="$GS_CACHE/promtool/debian-$PROMTOOL_DEBIAN_VERSION" ;;
 module)

@@ -33,7 +33,7 @@ crd_files=(
 	"prometheus-operator-$PROMETHEUS_OPERATOR_VERSION/monitoring.coreos.com_podmonitors.yaml"
 	"prometheus-operator-$PROMETHEUS_OPERATOR_VERSION/monitoring.coreos.com_prometheusrules.yaml"
 	"gateway-api-$GATEWAY_API_VERSION/.complete"
-	"endpoint-$INFERENCE_EXTENSION_VERSION-$AI_GATEWAY_VERSION-$ENVOY_GATEWAY_VERSION/.complete"
+	"$ENDPOINT_CRDS/.complete"
 )
 stage_files=(node-initialize.yaml node-heartbeat-with-lease.yaml pod-ready.yaml pod-complete.yaml pod-delete.yaml)
 
@@ -228,7 +228,7 @@ if [[ ! -e $gw_dir/.complete ]]; then
 	touch "$gw_dir/.complete"
 fi
 
-ep_dir="$out/crds/endpoint-$INFERENCE_EXTENSION_VERSION-$AI_GATEWAY_VERSION-$ENVOY_GATEWAY_VERSION"
+ep_dir="$out/crds/$ENDPOINT_CRDS"
 if [[ ! -e $ep_dir/.complete ]]; then
 	endpoint_crds "$ep_dir"
 	touch "$ep_dir/.complete"

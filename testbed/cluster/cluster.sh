@@ -380,7 +380,7 @@ cmd_start() {
 		-f "$out/crds/http-add-on-$HTTP_ADD_ON_VERSION" \
 		-f "$out/crds/prometheus-operator-$PROMETHEUS_OPERATOR_VERSION" \
 		-f "$out/crds/gateway-api-$GATEWAY_API_VERSION" \
-		-f "$out/crds/endpoint-$INFERENCE_EXTENSION_VERSION-$AI_GATEWAY_VERSION-$ENVOY_GATEWAY_VERSION" >"$dir/logs/crds.log"
+		-f "$out/crds/$ENDPOINT_CRDS" >"$dir/logs/crds.log"
 	kubectl wait --for=condition=Established --timeout=60s crd --all >>"$dir/logs/crds.log"
 
 	local gpus cpu mem

@@ -187,7 +187,15 @@ class ClusterEndToEnd(EndToEnd):
                         "gpu-serving:models": json.dumps([{**m, "ingress": {k: v for k, v in m["ingress"].items() if k != "tlsSecret"}}
                                                           for m in held["gpu-serving:models"]])}
         renders["scale-to-zero+gateway"] = lambda: run_program("scale-to-zero", overrides=held_variant, stack_file=held_path)
+        # A model held at zero behind the teams' endpoint: its hold's Backend, AIServiceBackend and key policy.
+        endpoint = yaml.safe_load(examples["endpoint"].read_text())["config"]
+        endpoint["gpu-serving:cluster"]["requestHold"] = {}
+        endpoint["gpu-serving:models"][2].update(replicas={"min": 0, "max": 1}, apiKeySecret="embedApiKey")
+        endpoint_variant = {key: json.dumps(endpoint[key]) for key in ("gpu-serving:cluster", "gpu-serving:models")}
+        renders["endpoint+held"] = lambda: run_program("endpoint", overrides=endpoint_variant, stack_file=examples["endpoint"],
+                                                       secret_values={"embedApiKey": "k-embed-dry-run"})
         must_have = {"prod+gateway+nonRoot": "HTTPRoute", "scale-to-zero+gateway": "ReferenceGrant",
+                     "endpoint+held": "BackendSecurityPolicy",
                      "docs/examples/Pulumi.sharing.yaml": "ConfigMap", "fewgpus": "InterceptorRoute",
                      "docs/examples/Pulumi.endpoint.yaml": "AIGatewayRoute"}
         for label, render in renders.items():

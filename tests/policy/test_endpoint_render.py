@@ -50,7 +50,7 @@ def fail_open(e: Entries) -> None:
 
 def route_to_service(e: Entries) -> None:
     rule = named(e, "apps-route")["spec"]["rules"][-1]
-    rule["backendRefs"] = [{"name": "vllm-mistral", "port": 8000}]
+    rule["backendRefs"] = [{"kind": "Service", "name": "vllm-mistral", "port": 8000}]
 
 
 def namespace_peer(e: Entries) -> None:
@@ -105,3 +105,24 @@ def test_plain_yaml_of_the_example_is_judged_the_same(rendered: Render, tmp_path
     assert check_yaml([str(manifests), "--config", str(config)]) == 1
     out = capsys.readouterr().out
     assert "mandatory endpoint-auth-required" in out and "gs-apps" in out
+
+
+@pytest.fixture(scope="module")
+def held_rendered() -> Render:
+    """The example with embed held at `replicas.min: 0`, its own key presented by the gateway (tests/test_endpoint.py)."""
+    document = yaml.safe_load(EXAMPLE.read_text())["config"]
+    cluster, models = document["gpu-serving:cluster"], document["gpu-serving:models"]
+    cluster["requestHold"] = {}
+    models[2].update(replicas={"min": 0, "max": 1}, apiKeySecret="embedApiKey")
+    overrides = {"gpu-serving:cluster": json.dumps(cluster), "gpu-serving:models": json.dumps(models)}
+    return run_program("endpoint", stack_file=EXAMPLE, overrides=overrides, secret_values={"embedApiKey": "k-embed"})
+
+
+def test_a_held_model_on_the_endpoint_passes_every_rule_and_needs_its_key(held_rendered: Render) -> None:
+    entries = copy.deepcopy(resources_json(held_rendered))
+    assert list(check_resources(entries, config=policy_config(held_rendered))) == []
+    entries[:] = [e for e in entries if e["name"] != "embed-hold-key-policy"]
+    found = mandatory(held_rendered, entries)
+    assert set(found) == {"endpoint-backend-key"}, found
+    (message,) = found["endpoint-backend-key"]
+    assert "AIGatewayRoute gs-data sends to AIServiceBackend vllm-embed-hold, which no BackendSecurityPolicy" in message

@@ -45,19 +45,24 @@ def check_tenants(stack: StackConfig) -> None:
     for i, model in enumerate(stack.models):
         if not stack.on_endpoint(model):
             continue
-        # One way in: a key of the model's own or a route of its own would pass by the teams' keys.
-        if model.api_key_secret is not None:
-            raise _at(f"models[{i}].apiKeySecret", "not for a model on the endpoint: the gateway checks the teams' keys "
-                                                   "(tenants[].apiKeySecrets), and the model's pods admit only the gateway; "
-                                                   "remove it, or set models[].endpoint: false")
+        # One way in: a route of the model's own would pass by the teams' keys.
         if model.ingress is not None:
             raise _at(f"models[{i}].ingress", "not for a model on the endpoint: a route of its own would pass by the teams' "
                                               "keys; remove it, or set models[].endpoint: false")
         if model.scales_to_zero:
-            # The picker has no pod to pick while the model is at zero, and nothing would wake it.
-            raise _at(f"models[{i}].replicas.min", "0 is not served behind cluster.endpoint yet (the picker cannot wake a "
-                                                   "model); set replicas.min ≥ 1, or models[].endpoint: false to keep "
-                                                   "the request hold on its own edge")
+            # The gateway sends a held model's requests to the interceptor, which every pod of the cluster can reach:
+            # the model's own key, which the gateway presents (components/endpoint.py), keeps that from being a way
+            # past the teams' keys.
+            if model.api_key_secret is None:
+                raise _at(f"models[{i}].apiKeySecret", "required for a model at replicas.min 0 on the endpoint: its "
+                                                       "requests are held by the interceptor, which every pod can reach, "
+                                                       "so the model checks a key of its own that only the gateway "
+                                                       "presents (`pulumi config set --secret <name> <key>`)")
+        elif model.api_key_secret is not None:
+            raise _at(f"models[{i}].apiKeySecret", "not for a model on the endpoint: the gateway checks the teams' keys "
+                                                   "(tenants[].apiKeySecrets), and the model's pods admit only the gateway; "
+                                                   "remove it, or set models[].endpoint: false (a model at replicas.min 0 "
+                                                   "is the exception: it needs one)")
     if cluster.network.client_namespaces:
         raise _at("cluster.network.clientNamespaces", "not with cluster.endpoint: in-cluster clients would reach the models "
                                                       "without a team's key; give them a tenant and the team's URL")
