@@ -146,7 +146,7 @@ class OneUrlChecks:
     def call(self, team: str, model: str | None, *, key: str | None = "team", path: str = "/v1/chat/completions",
              stream: bool = False, host: str | None = None) -> tuple[int, dict[str, str], bytes, list[float]]:
         """One request to `team`'s URL (its host) with its first key (or `key`): status, headers, body, and the times
-        (s from the request) at which each part of the body arrived."""
+        (s from the response's headers, so that the pick's time is not counted) at which each part of the body arrived."""
         state = self.one_url
         assert state is not None
         headers = {"Host": host or state["hosts"][team], "Content-Type": "application/json"}
@@ -162,9 +162,9 @@ class OneUrlChecks:
             body = json.dumps({"model": model, "messages": [{"role": "user", "content": "which pod answers?"}],
                                "max_tokens": 8, "stream": stream, **({"ignore_eos": True} if stream else {})})
         connection = http.client.HTTPConnection("127.0.0.1", state["port"], timeout=120)
-        start = time.monotonic()
         connection.request(method, path, body=body, headers=headers)
         response = connection.getresponse()
+        start = time.monotonic()
         parts, times = [], []
         while chunk := response.read1(65536):
             parts.append(chunk)
@@ -241,7 +241,8 @@ class OneUrlChecks:
                 f"by a pod of its pool, the picker choosing ({', '.join(f'{k} -> {v}' for k, v in answered.items())}); "
                 f"data -> mistral and -> an unknown model: the same 404 model_not_found (the stack's BackendTrafficPolicy "
                 f"body); apps' key on data's URL, no key, a wrong key: 401 invalid_api_key; a streamed completion of "
-                f"{len(events) - 1} events in {len(times)} parts, the first after {times[0]:.2f} s of {times[-1]:.2f} s")
+                f"{len(events) - 1} events in {len(times)} parts, the first {times[0]:.2f} s after the headers, the last "
+                f"{times[-1]:.2f} s")
 
     def endpoint_one_url_rotate_key(self) -> str:
         state = self.one_url_up()
