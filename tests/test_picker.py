@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import copy
 import re
-import string
 from typing import Any
 
 import pytest
-import yaml
 
-from testbed.e2e.real_picker import MODEL, PICKER_KINDS, SIMULATORS, can_i_rows, on_the_lab_node, percentiles, stack_picker_objects
-from testbed.node.images import VERSIONS, picker_names
+from testbed import CLUSTER_VERSIONS
+from testbed.e2e.real_picker import MODEL, PICKER_KINDS, can_i_rows, model_simulators, on_the_lab_node, percentiles, stack_picker_objects
+from testbed.node.images import picker_names
 
 IMAGE = "gs-testbed/epp:v1.5.0@sha256:" + "0" * 64
 
@@ -57,17 +56,17 @@ def test_the_lab_changes_only_the_pickers_tolerations(objects: dict[str, dict[st
 
 
 def test_the_simulators_take_the_pools_selector(objects: dict[str, dict[str, Any]]) -> None:
-    text = string.Template(SIMULATORS.read_text()).substitute(namespace="ns", name="sims", model=MODEL,
-                                                              sim_image="s@sha256:1", gate_image="g@sha256:2")
-    simulators = yaml.safe_load(text)
-    assert simulators["spec"]["replicas"] == 2
+    selector = objects["InferencePool"]["spec"]["selector"]["matchLabels"]
+    simulators = model_simulators("ns", MODEL, selector, "s@sha256:1", "g@sha256:2")
+    assert simulators["spec"]["replicas"] == 2 and model_simulators("ns", MODEL, selector, "s", "g", replicas=1)["spec"]["replicas"] == 1
+    assert simulators["spec"]["selector"]["matchLabels"] == simulators["spec"]["template"]["metadata"]["labels"] == selector
     args = simulators["spec"]["template"]["spec"]["containers"][0]["args"]
     assert f"--model={MODEL}" in args and "--port=8000" in args
     assert objects["InferencePool"]["spec"]["targetPorts"] == [{"number": 8000}]
 
 
 def test_image_tags_follow_the_pins() -> None:
-    pins = dict(re.findall(r"^([A-Z0-9_]+)=(\S+)$", VERSIONS.read_text(), re.M))
+    pins = dict(re.findall(r"^([A-Z0-9_]+)=(\S+)$", CLUSTER_VERSIONS.read_text(), re.M))
     assert picker_names() == {"epp": f"gs-testbed/epp:{pins['INFERENCE_EXTENSION_VERSION']}",
                               "llm-d-inference-sim": f"gs-testbed/llm-d-inference-sim:{pins['INFERENCE_SIM_VERSION']}"}
 

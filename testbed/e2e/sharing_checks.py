@@ -60,9 +60,14 @@ class SharingEndToEnd(DayTwoEndToEnd):
         return {"mig": self.get("node", MIG_NODE)["metadata"]["labels"].get(MIG_LABEL, ""),
                 "plugin": self.get("node", SHARED_NODE)["metadata"]["labels"].get(PLUGIN_LABEL, "")}
 
-    def mig_layout_change(self) -> str:
+    def operator_namespace(self) -> None:
+        """The GPU operator's namespace, where the stack writes its device-plugin and MIG ConfigMaps: the operator's
+        Helm release would have made it; each check that needs it makes it (any may run alone)."""
         if self.kubectl("get", "namespace", OPERATOR_NAMESPACE, check=False).returncode != 0:
             self.kubectl("create", "namespace", OPERATOR_NAMESPACE)
+
+    def mig_layout_change(self) -> str:
+        self.operator_namespace()
         self.new_stack(STACK, self.sharing_raw(), {"sshPrivateKey": "unused"})
         try:
             return self._change_layouts()

@@ -7,12 +7,13 @@
 - `hold-upgrade`: a stack with a model held at zero, deployed by this project's release before the move from KEDA's
   HTTP add-on v0.12 (HTTPScaledObject) to v0.15 (InterceptorRoute), then upgraded by the current program: the route
   is created before the HTTPScaledObject is deleted, the ScaledObject's trigger is updated in place, and a model
-  whose Deployment the upgrade did not change keeps its pods.
+  whose Deployment the upgrade did not change keeps its pods. The add-on's real v0.15.0 interceptor
+  (testbed/e2e/held_request.py) holds a request for the model, idle at zero, from before the upgrade to after it, and
+  forwards it once the model is woken.
 
-Standing in: kwok for the kubelets, and no KEDA operator, add-on interceptor or device plugin runs (their CRDs and
-objects only). What the interceptor does with a request held across the switch is read from its source
-(docs/few-gpus.md, "Upgrading a stack from the v0.12 add-on"), not run; a real kubelet keeping a running pod's
-devices across a plugin restart (its checkpoint) is not shown.
+Standing in: kwok for the kubelets, and no KEDA operator or device plugin runs (their CRDs and objects only): the
+test scales the held model as KEDA would. A real kubelet keeping a running pod's devices across a plugin restart (its
+checkpoint) is not shown.
 """
 
 from __future__ import annotations
@@ -23,8 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from stacks.config import DevicePlugin, Model
+from testbed import cluster_pins
 from testbed.e2e.cluster_checks import SHARED_NODE, SHARED_PRODUCT, _sequence
 from testbed.e2e.day_two import _changed, _events, _name
+from testbed.e2e.held_request import COLD_START_HEADER, hold_one, running_interceptor
 from testbed.e2e.run import CheckError, require, stack_raw
 from testbed.e2e.sharing_checks import MAPS, OPERATOR_NAMESPACE, SharingEndToEnd
 from tools.render import ROOT
@@ -91,8 +94,7 @@ class UpgradeEndToEnd(SharingEndToEnd):
         return plugins or None
 
     def pin_upgrade(self) -> str:
-        if self.kubectl("get", "namespace", OPERATOR_NAMESPACE, check=False).returncode != 0:
-            self.kubectl("create", "namespace", OPERATOR_NAMESPACE)
+        self.operator_namespace()
         raw = self.shared_node_raw(PLUGIN_STACK)
         raw["cluster"]["devicePlugin"] = {**raw["cluster"]["devicePlugin"], "enabled": True, "image": OLD_PLUGIN_IMAGE}
         raw["models"].append({**raw["models"][0], "name": DEFAULT_IMAGE_MODEL, "image": OLD_VLLM_IMAGE})
@@ -175,6 +177,7 @@ class UpgradeEndToEnd(SharingEndToEnd):
         return folder
 
     def hold_upgrade(self) -> str:
+        self.operator_namespace()
         base = release_before(HOLD_RENDERED, "components/serving/component.py")
         raw = self.shared_node_raw(HOLD_STACK)
         raw["cluster"] = {**raw["cluster"], "autoscaling": "keda", "requestHold": {}}
@@ -194,13 +197,41 @@ class UpgradeEndToEnd(SharingEndToEnd):
         hold_name = f"vllm-{HELD_MODEL}-hold"
         require(self.kubectl("get", "httpscaledobject", hold_name, "-n", HOLD_STACK, check=False).returncode == 0,
                 f"the release before ({base}) made no HTTPScaledObject {hold_name}")
+        old_route = self.get("httpscaledobject", hold_name, "-n", HOLD_STACK)["spec"]
         scaled_object = self.get("scaledobject", f"vllm-{HELD_MODEL}", "-n", HOLD_STACK)
-        pods = {model: self.wait_for(f"{model}'s pods Ready", lambda model=model: self.ready_model_pods(HOLD_STACK, model))
-                for model in (ALWAYS_ON, HELD_MODEL)}
-        deployments = {model: self.get("deployment", f"vllm-{model}", "-n", HOLD_STACK) for model in pods}
+        for model in (ALWAYS_ON, HELD_MODEL):
+            self.wait_for(f"{model}'s pods Ready", lambda model=model: self.ready_model_pods(HOLD_STACK, model))
+        kept_pods = self.ready_model_pods(HOLD_STACK, ALWAYS_ON)
+        kept_deployment = self.get("deployment", f"vllm-{ALWAYS_ON}", "-n", HOLD_STACK)
 
-        events_path = self.tmp / "hold-upgrade-events.jsonl"
-        self.sharing_up(events_path, stack=HOLD_STACK)
+        # A request held by the real v0.15 interceptor across the switch: the model idle at zero (as KEDA leaves it),
+        # a request arrives under the HTTPScaledObject's route, the upgrade runs, and only then the model wakes.
+        binary = Path(self.cluster_env["GS_CLUSTER_BIN"]) / f"interceptor-{cluster_pins()['HTTP_ADD_ON_VERSION']}"
+        target = old_route["scaleTargetRef"]
+        with running_interceptor(binary, self.cluster_env["KUBECONFIG"], int(self.cluster_env["GS_CLUSTER_PORT"]), HOLD_STACK,
+                                 target["service"], int(target["port"]), self.tmp) as (interceptor, model):
+            self.scale_held(target["service"], 0)
+            host, body = old_route["hosts"][0], {"model": HELD_MODEL, "prompt": "held across the upgrade", "max_tokens": 4}
+            held = hold_one(interceptor, host, f"{old_route['pathPrefixes'][0]}/completions", body)
+
+            events_path = self.tmp / "hold-upgrade-events.jsonl"
+            self.sharing_up(events_path, stack=HOLD_STACK)
+            require(not held.done, f"the request held under the HTTPScaledObject ended during the upgrade: {held.describe()}")
+            route = self.get("interceptorroute", hold_name, "-n", HOLD_STACK)
+            require(route["spec"]["target"] == {"service": target["service"], "port": target["port"]},
+                    f"the route's target {route['spec']['target']} is not the HTTPScaledObject's {target}")
+            self.scale_held(target["service"], 1)
+            require(held.wait(120), f"the held request was not answered within 120 s of the model waking: {interceptor.log_tail()}")
+            upstream = f"{target['service']}.{HOLD_STACK}:{target['port']}"
+            require(held.status == 200 and held.answer().get("upstream") == upstream,
+                    f"the held request's answer is {held.describe()}, not the model's ({upstream})")
+            require(held.headers.get(COLD_START_HEADER) == "true", f"the interceptor did not hold it for a cold start: {held.headers}")
+            after = hold_one(interceptor, host, f"{old_route['pathPrefixes'][0]}/completions", body, held_for=0)
+            require(after.wait(30) and after.status == 200 and after.headers.get(COLD_START_HEADER) == "false",
+                    f"a request after the upgrade (the route alone) was answered {after.describe()}")
+            require(len(model.requests) == 2, f"the model was sent {len(model.requests)} requests for 2: {model.requests}")
+            held_seconds = (held.answered or 0) - held.sent
+
         log = _events(events_path)
         changed = {_name(urn): op for urn, op in _changed(events_path).items()}
         hold_changes = {name: op for name, op in changed.items() if HELD_MODEL in name and ("hold" in name or "route" in name
@@ -210,24 +241,36 @@ class UpgradeEndToEnd(SharingEndToEnd):
         require(routed < deleted, f"the HTTPScaledObject's deletion began (event {deleted}) before the route existed ({routed})")
         require(self.kubectl("get", "httpscaledobject", hold_name, "-n", HOLD_STACK, check=False).returncode != 0,
                 "the HTTPScaledObject is still there after the up")
-        route = self.get("interceptorroute", hold_name, "-n", HOLD_STACK)
-        after = self.get("scaledobject", f"vllm-{HELD_MODEL}", "-n", HOLD_STACK)
-        require(after["metadata"]["uid"] == scaled_object["metadata"]["uid"], "the ScaledObject was replaced, not updated")
-        wake = [t["metadata"] for t in after["spec"]["triggers"] if t["type"] == "external-push"]
+        require(route["spec"]["rules"][0]["hosts"] == old_route["hosts"], f"the route's hosts {route['spec']['rules']} are not "
+                                                                          f"the HTTPScaledObject's {old_route['hosts']}")
+        after_object = self.get("scaledobject", f"vllm-{HELD_MODEL}", "-n", HOLD_STACK)
+        require(after_object["metadata"]["uid"] == scaled_object["metadata"]["uid"], "the ScaledObject was replaced, not updated")
+        wake = [t["metadata"] for t in after_object["spec"]["triggers"] if t["type"] == "external-push"]
         require(wake and wake[0].get("interceptorRoute") == hold_name and "httpScaledObject" not in wake[0],
                 f"the ScaledObject's wake trigger is {wake}")
         hold_service = f"{HELD_MODEL}-hold-service"
         require(hold_service not in changed, f"the hold Service changed: {changed.get(hold_service)}")
-        # A model whose Deployment this upgrade did not change keeps its pods.
-        kept = []
-        for model, before in deployments.items():
-            now = self.get("deployment", f"vllm-{model}", "-n", HOLD_STACK)
-            if now["metadata"]["generation"] == before["metadata"]["generation"]:
-                require(self.ready_model_pods(HOLD_STACK, model) == pods[model], f"{model}'s pods changed though its Deployment did not")
-                kept.append(model)
+        # The model the upgrade did not change keeps its pods (the held one was scaled to zero and woken above).
+        now = self.get("deployment", f"vllm-{ALWAYS_ON}", "-n", HOLD_STACK)
+        require(now["metadata"]["generation"] == kept_deployment["metadata"]["generation"],
+                f"the upgrade changed {ALWAYS_ON}'s Deployment: {changed.get(f'{ALWAYS_ON}-deployment')}")
+        require(self.ready_model_pods(HOLD_STACK, ALWAYS_ON) == kept_pods, f"{ALWAYS_ON}'s pods changed though its Deployment did not")
         self.pulumi("preview", "--expect-no-changes", stack=HOLD_STACK)
         self.report["figures"]["holdUpgradeChanges"] = len(changed)
+        self.report["figures"]["holdUpgradeHeldSeconds"] = round(held_seconds, 1)
         return (f"from {base[:12]} (HTTPScaledObject): the route {hold_name} created (#{routed}) before the HTTPScaledObject's "
                 f"deletion began (#{deleted}); ScaledObject updated in place, its trigger now interceptorRoute; hold changes "
-                f"{hold_changes}; {len(changed)} resource(s) changed in all; pods kept for {', '.join(kept) or 'no model'} "
-                f"(Deployment unchanged); route timeouts {route['spec'].get('timeouts')}")
+                f"{hold_changes}; {len(changed)} resource(s) changed in all; {ALWAYS_ON}'s pods kept (Deployment unchanged); "
+                f"route timeouts {route['spec'].get('timeouts')}; a request held by the real interceptor under the "
+                f"HTTPScaledObject for {held_seconds:.0f} s across the upgrade, answered 200 from {upstream} (cold start) "
+                f"once the model woke; the next request through the route alone 200 at once")
+
+    def scale_held(self, service: str, replicas: int) -> None:
+        """The held model's Deployment to `replicas`, as KEDA would, and its Service's EndpointSlices to match (the
+        interceptor holds requests on them): none ready at 0, one at 1."""
+        self.kubectl("scale", "deployment", f"vllm-{HELD_MODEL}", f"--replicas={replicas}", "-n", HOLD_STACK)
+
+        def ready_endpoints() -> int:
+            slices = self.get("endpointslices", "-n", HOLD_STACK, "-l", f"kubernetes.io/service-name={service}")["items"]
+            return sum(1 for s in slices for e in s.get("endpoints") or [] if (e.get("conditions") or {}).get("ready"))
+        self.wait_for(f"{replicas} ready endpoint(s) of {service}", lambda: ready_endpoints() == replicas or None)

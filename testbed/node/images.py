@@ -52,6 +52,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from testbed import cluster_pins
 from testbed.node import oci
 from testbed.node.oci import Entry
 
@@ -516,14 +517,13 @@ def atomic_write(path: Path, data: bytes) -> None:
 
 
 ENDPOINT_BUILD = HERE.parent / "endpoint" / "build.sh"
-VERSIONS = HERE.parent / "cluster" / "versions.env"
 PICKER_USER = "65532:65532"
 """distroless's nonroot, the user of the upstream EPP image: both binaries are static and need no passwd entry."""
 
 
 def picker_names() -> dict[str, str]:
     """Binary in testbed/endpoint/build.sh's folder → its image name, tagged with the module version it was built at."""
-    pins = dict(re.findall(r"^([A-Z0-9_]+)=(\S+)$", VERSIONS.read_text(), re.M))
+    pins = cluster_pins()
     return {"epp": f"gs-testbed/epp:{pins['INFERENCE_EXTENSION_VERSION']}",
             "llm-d-inference-sim": f"gs-testbed/llm-d-inference-sim:{pins['INFERENCE_SIM_VERSION']}"}
 
