@@ -5,7 +5,8 @@ The stack creates objects that other software serves: an Ingress needs a control
 IngressClass, an HTTPRoute the Gateway API CRDs and its Gateway, TLS needs cert-manager and the
 ClusterIssuer, PodMonitors and PrometheusRules the Prometheus Operator's CRDs, HPAs need the custom
 metrics API of prometheus-adapter (whose rules ConfigMap goes into the adapter's namespace), KEDA
-needs its CRDs, and a model at `replicas.min: 0` KEDA's HTTP add-on (its CRD and interceptor Service).
+needs its CRDs, a model at `replicas.min: 0` KEDA's HTTP add-on (its CRD and interceptor Service), and the teams'
+endpoint Envoy Gateway, Envoy AI Gateway and the Inference Extension (their CRDs) and its Gateway.
 
 The objects are read straight from the API server with the stack's own kubeconfig. The provider's
 `.get()` is not used: a missing object makes it fail the whole preview with "resource does not
@@ -116,6 +117,41 @@ def needs(config: StackConfig) -> list[Need]:
                           "vllm_num_requests_waiting; install Prometheus and prometheus-adapter with the rules ConfigMap, "
                           "or set cluster.autoscaling to keda or none"))
     found += sharing_needs(config)
+    found += endpoint_needs(config, gateway_checked=exposed and cluster.edge == "gateway")
+    return found
+
+
+def endpoint_needs(config: StackConfig, gateway_checked: bool) -> list[Need]:
+    """With `cluster.endpoint`: Envoy Gateway and AI Gateway (the teams' routes, keys and limits), the Inference
+    Extension (a pool per model), the Gateway the routes attach to, and for a held model the kinds its backend takes.
+    One warning per missing installation: the kinds one chart installs together are checked by one of them."""
+    cluster = config.cluster
+    if cluster.endpoint is None:
+        return []
+    assert cluster.gateway is not None
+    gateway, install = cluster.gateway, "install Envoy Gateway v1.8.1 or later with Envoy AI Gateway v1.0 (docs/endpoint.md)"
+    routes, policies = f"{CRDS}/aigatewayroutes.aigateway.envoyproxy.io", f"{CRDS}/securitypolicies.gateway.envoyproxy.io"
+    found = [Need(policies, f"Envoy Gateway is not installed (no SecurityPolicy CRD): `pulumi up` cannot create the teams' key "
+                            f"checks and limits; {install}"),
+             Need(routes, f"Envoy AI Gateway is not installed (no AIGatewayRoute CRD): `pulumi up` cannot create the teams' "
+                          f"routes; {install}")]
+    served = [m for m in config.models if config.on_endpoint(m)]
+    if any(not m.scales_to_zero for m in served):
+        found.append(Need(f"{CRDS}/inferencepools.inference.networking.k8s.io",
+                          "the Gateway API Inference Extension is not installed (no InferencePool CRD): `pulumi up` cannot "
+                          "create the models' pools; install its v1.5.0 CRDs (config/crd of "
+                          "kubernetes-sigs/gateway-api-inference-extension)"))
+    if any(m.scales_to_zero for m in served):
+        found.append(Need(f"{CRDS}/backends.gateway.envoyproxy.io",
+                          "Envoy Gateway has no Backend CRD (older than v1.2?): `pulumi up` cannot create the backends of the "
+                          f"models at replicas.min: 0 behind the endpoint; {install}", unless_missing=policies))
+        found.append(Need(f"{CRDS}/backendsecuritypolicies.aigateway.envoyproxy.io",
+                          "Envoy AI Gateway has no BackendSecurityPolicy CRD: `pulumi up` cannot give the models at "
+                          f"replicas.min: 0 their keys; {install}", unless_missing=routes))
+    if not gateway_checked:
+        found.append(Need(f"/apis/gateway.networking.k8s.io/v1/namespaces/{gateway.namespace}/gateways/{gateway.name}",
+                          f"no Gateway {gateway.namespace}/{gateway.name}: the teams' routes would attach to nothing; create it "
+                          f"(an HTTPS listener for *.{cluster.endpoint.domain}), or set cluster.gateway to an existing one"))
     return found
 
 

@@ -18,6 +18,7 @@ import yaml
 from components import prerequisites
 from components.prerequisites import check, needs
 from stacks.config import parse
+from tests.test_endpoint import example_raw
 from tests.test_serving_gateway import behind_gateway
 from tools.render import ROOT, run_program
 
@@ -266,3 +267,53 @@ def test_preview_warns_and_render_reads_no_cluster(api, tmp_path: Path, monkeypa
     prerequisites.warn_missing(parse(rendering), base=tmp_path)
     assert handler.seen == []
     assert not [w for w in run_program("prod").warnings if "prerequisite" in w]
+
+
+ENDPOINT_GATEWAY = "/apis/gateway.networking.k8s.io/v1/namespaces/envoy-gateway-system/gateways/ai-gateway"
+ENVOY_GATEWAY = f"{CRDS}/securitypolicies.gateway.envoyproxy.io"
+AI_GATEWAY = f"{CRDS}/aigatewayroutes.aigateway.envoyproxy.io"
+POOLS = f"{CRDS}/inferencepools.inference.networking.k8s.io"
+HELD_BACKEND_KINDS = {f"{CRDS}/backends.gateway.envoyproxy.io", f"{CRDS}/backendsecuritypolicies.aigateway.envoyproxy.io"}
+
+
+def endpoint_check(server: str, raw: dict, tmp_path: Path) -> list[str]:
+    warnings, notes = check(parse(raw), kubeconfig(server, context="endpoint"), ".kube/endpoint.yaml", tmp_path)
+    assert notes == []
+    return warnings
+
+
+def test_the_endpoint_needs_both_gateways_the_inference_extension_and_its_gateway(api, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    server, handler = api
+    raw = example_raw()
+    wanted = {need.path for need in needs(parse(raw))}
+    assert {ENVOY_GATEWAY, AI_GATEWAY, POOLS, ENDPOINT_GATEWAY} <= wanted and not wanted & HELD_BACKEND_KINDS
+    handler.present.update(wanted - {ENVOY_GATEWAY, AI_GATEWAY, POOLS, ENDPOINT_GATEWAY})
+    warnings = endpoint_check(server, raw, tmp_path)
+    assert [w.split(":")[1].strip() for w in warnings] == [
+        "Envoy Gateway is not installed (no SecurityPolicy CRD)", "Envoy AI Gateway is not installed (no AIGatewayRoute CRD)",
+        "the Gateway API Inference Extension is not installed (no InferencePool CRD)",
+        "no Gateway envoy-gateway-system/ai-gateway"], warnings
+    assert all("install" in w or "create it" in w for w in warnings)
+    handler.present.update({ENVOY_GATEWAY, AI_GATEWAY, POOLS, ENDPOINT_GATEWAY})
+    assert endpoint_check(server, raw, tmp_path) == []
+
+
+def test_a_held_model_on_the_endpoint_needs_its_backends_kinds_and_no_pool(api, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    server, handler = api
+    raw = example_raw()
+    for model in raw["models"]:
+        model.update(replicas={"min": 0, "max": 1}, apiKeySecret="heldKey")
+    raw["cluster"]["requestHold"] = {}
+    wanted = {need.path for need in needs(parse(raw))}
+    assert wanted >= HELD_BACKEND_KINDS and POOLS not in wanted
+    handler.present.update(wanted - HELD_BACKEND_KINDS)
+    warnings = endpoint_check(server, raw, tmp_path)
+    assert len(warnings) == 2 and "no Backend CRD" in warnings[0] and "no BackendSecurityPolicy CRD" in warnings[1], warnings
+    handler.present.clear()  # neither gateway: one warning each, not one per kind of theirs
+    warnings = endpoint_check(server, raw, tmp_path)
+    assert not any("Backend" in w for w in warnings), warnings
+
+
+def test_without_the_endpoint_nothing_of_it_is_checked() -> None:
+    paths = {need.path for need in needs(parse(prod_raw()))}
+    assert not paths & ({ENVOY_GATEWAY, AI_GATEWAY, POOLS, ENDPOINT_GATEWAY} | HELD_BACKEND_KINDS)
