@@ -108,6 +108,12 @@ class ClusterEndToEnd(EndToEnd):
     def get(self, *args: str) -> dict[str, Any]:
         return json.loads(self.kubectl("get", *args, "-o", "json").stdout)
 
+    def pod_starts(self, namespace: str) -> dict[str, tuple[str, str]]:
+        """Every pod of `namespace` that is not a Job's nor going away: (uid, startTime) by name, to tell a restart."""
+        pods = self.get("pods", "-n", namespace)["items"]
+        return {p["metadata"]["name"]: (p["metadata"]["uid"], p["status"].get("startTime", ""))
+                for p in pods if not p["metadata"].get("labels", {}).get("job-name") and not p["metadata"].get("deletionTimestamp")}
+
     def wait_for(self, what: str, probe: Any, timeout: float = 120) -> Any:
         deadline = time.monotonic() + timeout
         while True:

@@ -31,19 +31,13 @@ def team_key(team: str) -> str:
 class EndpointEndToEnd(CacheEndToEnd):
     """The endpoint checks, after the node-cache checks, on their stack."""
 
-    def pod_starts(self) -> dict[str, tuple[str, str]]:
-        """Every pod of the stack's namespace that is not a Job's: (uid, startTime) by name."""
-        pods = self.get("pods", "-n", CACHE_NAMESPACE)["items"]
-        return {p["metadata"]["name"]: (p["metadata"]["uid"], p["status"].get("startTime", ""))
-                for p in pods if not p["metadata"].get("labels", {}).get("job-name") and not p["metadata"].get("deletionTimestamp")}
-
     def team_secret(self, team: str) -> dict[str, Any]:
         return self.get("secret", "-n", CACHE_NAMESPACE, f"gs-tenant-{team}")
 
     def endpoint_up(self) -> str:
         nodes = self.cluster_sh("nodes", "--node", f"{CPU_NODE}:0:8:16Gi").stdout
         self.kubectl("apply", "-f", "-", stdin=nodes)
-        before = self.pod_starts()
+        before = self.pod_starts(CACHE_NAMESPACE)
 
         def edit(config: dict[str, Any]) -> None:
             cluster = config["gpu-serving:cluster"]
@@ -74,7 +68,7 @@ class EndpointEndToEnd(CacheEndToEnd):
             require(refs == [f"gs-tenant-{team}"], f"gs-{team}'s key check reads {refs}")
             held = base64.b64decode(self.team_secret(team)["data"][team]).decode()
             require(held == self.canaries[team_key(team)], f"gs-tenant-{team} does not hold the team's key")
-        after = self.pod_starts()
+        after = self.pod_starts(CACHE_NAMESPACE)
         moved = [name for name, start in before.items() if after.get(name) != start]
         require(not moved, f"serving pods restarted by putting the model on the endpoint: {moved}")
         self.pulumi("preview", "--expect-no-changes", stack="cache")
@@ -85,7 +79,7 @@ class EndpointEndToEnd(CacheEndToEnd):
     def endpoint_rotate_key(self) -> str:
         """A team's key rotated: one Secret updated, every pod kept, the other team's Secret untouched."""
         team, other = TEAMS
-        before, other_version = self.pod_starts(), self.team_secret(other)["metadata"]["resourceVersion"]
+        before, other_version = self.pod_starts(CACHE_NAMESPACE), self.team_secret(other)["metadata"]["resourceVersion"]
         new = f"gs-canary-{team_key(team)}-rotated-{secrets.token_hex(8)}"
         self.canaries[f"{team_key(team)}Rotated"] = new
         self.pulumi("config", "set", "--secret", team_key(team), stack="cache", stdin=new)
@@ -97,7 +91,7 @@ class EndpointEndToEnd(CacheEndToEnd):
         held = base64.b64decode(self.team_secret(team)["data"][team]).decode()
         require(held == new, f"gs-tenant-{team} does not hold the new key")
         require(self.team_secret(other)["metadata"]["resourceVersion"] == other_version, f"gs-tenant-{other} was written")
-        after = self.pod_starts()
+        after = self.pod_starts(CACHE_NAMESPACE)
         require(after == before, f"pods changed by a key rotation: {sorted(set(before.items()) ^ set(after.items()))}")
         return (f"{team}'s key rotated: the up updated its Secret only ({changes}); {other}'s Secret untouched; all "
                 f"{len(after)} pods (serving and picker) kept their UIDs and start times")

@@ -21,7 +21,6 @@ import base64
 import http.client
 import json
 import secrets
-import string
 import time
 from typing import Any
 
@@ -29,7 +28,7 @@ import yaml
 
 from components.endpoint import client_ids, tenant_secret_name
 from stacks.config.endpoint import Tenant
-from testbed.e2e.real_picker import EXAMPLE, SIMULATORS, model_picker_objects, on_the_lab_node, render_example
+from testbed.e2e.real_picker import EXAMPLE, model_picker_objects, model_simulators, on_the_lab_node, render_example
 from testbed.e2e.run import require
 from testbed.endpoint.standin_gateway import data_plane_config
 
@@ -93,6 +92,7 @@ class OneUrlChecks:
             self.wait_for(f"{model}'s picker Ready", lambda s=pickers[model]: self.ready_one(s), 180)
         self.vm.put_file(picker["client"].read_bytes(), "/var/tmp/extproc-client", "0755")
         self.one_url = {"manifest": manifest, "tenants": {t.name: t for t in tenants}, "keys": keys, "pools": pools,
+                        "served_by": {name: model for model, names in adapters.items() for name in (model, *names)},
                         "hosts": {t.name: f"{t.name}.{stack['gpu-serving:cluster']['endpoint']['domain']}" for t in tenants}}
         self.push_gateway_config()
         self.vm.ssh(f"setsid nohup /var/tmp/extproc-client -serve {GATEWAY_CONFIG} -listen 127.0.0.1:{GATEWAY_PORT} "
@@ -111,11 +111,8 @@ class OneUrlChecks:
         from testbed.node import images as node_images
 
         names = node_images.picker_names()
-        sim = yaml.safe_load(string.Template(SIMULATORS.read_text()).substitute(
-            namespace=self.picker_namespace, name=f"{model}-simulators", model=model,
-            sim_image=self.picker_images.pinned(names["llm-d-inference-sim"]), gate_image=self.raw["cluster"]["smokeImage"]))
-        sim["spec"]["replicas"] = 1
-        sim["spec"]["selector"]["matchLabels"] = sim["spec"]["template"]["metadata"]["labels"] = selector
+        sim = model_simulators(self.picker_namespace, model, selector, self.picker_images.pinned(names["llm-d-inference-sim"]),
+                               self.raw["cluster"]["smokeImage"], replicas=1)
         args = sim["spec"]["template"]["spec"]["containers"][0]["args"]
         args.append(f"--inter-token-latency={STREAM_LATENCY_MS}ms")
         if adapters:
@@ -191,9 +188,9 @@ class OneUrlChecks:
         return endpoint
 
     def pool_of(self, served: str) -> str:
-        stack = yaml.safe_load(EXAMPLE.read_text())["config"]["gpu-serving:models"]
-        return next(m["name"] for m in stack if served == m["name"]
-                    or served in [a["name"] for a in (m.get("lora") or {}).get("adapters", [])])
+        """The model (and pool) a served name belongs to: itself, or the base model of an adapter."""
+        assert self.one_url is not None
+        return str(self.one_url["served_by"][served])
 
     def refused(self, team: str, model: str | None, status: int, code: str, **kw: Any) -> bytes:
         got, headers, body, _ = self.call(team, model, **kw)
@@ -201,10 +198,6 @@ class OneUrlChecks:
         require(headers.get("content-type") == "application/json", f"{model} as {team}: {headers.get('content-type')}")
         require(json.loads(body)["error"]["code"] == code, f"{model} as {team}: {body[:200]!r}")
         return body
-
-    def start_times(self) -> dict[str, tuple[str, str]]:
-        return {p["metadata"]["name"]: (p["metadata"]["uid"], p["status"].get("startTime", ""))
-                for p in self.get("pods", "-n", self.picker_namespace)["items"] if not p["metadata"].get("deletionTimestamp")}
 
     # ---- checks -----------------------------------------------------------------------------
 
@@ -248,7 +241,7 @@ class OneUrlChecks:
         state = self.one_url_up()
         apps = state["tenants"]["apps"]
         old, new = state["keys"]["apps"][0], f"sk-apps-{secrets.token_hex(12)}"
-        before = self.start_times()
+        before = self.pod_starts(self.picker_namespace)
         # Step 1 of a rotation (docs/endpoint.md): both keys in the team's Secret, as `apiKeySecrets: [old, next]` renders it.
         self.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(self.team_secret(apps, [old, new])))
         self.push_gateway_config()
@@ -262,7 +255,7 @@ class OneUrlChecks:
         require(self.call("apps", "qwen3", key=new)[0] == 200, "the new key alone cannot call qwen3")
         require(self.models_listed("data") == ["qwen3-sql", "embed"], "data's key stopped working")
         self.answered_by("data", "qwen3-sql")
-        after = self.start_times()
+        after = self.pod_starts(self.picker_namespace)
         changed = sorted(p for p in before if after.get(p) != before[p])
         require(not changed, f"pods restarted or replaced during the rotation: {changed}")
         state["keys"]["apps"] = [new]

@@ -90,10 +90,8 @@ class PickerChecks:
         by_kind = {o["kind"]: o for o in objects}
         pool = by_kind["InferencePool"]
         selector = pool["spec"]["selector"]["matchLabels"]
-        simulators = yaml.safe_load(string.Template(SIMULATORS.read_text()).substitute(
-            namespace=self.picker_namespace, name=f"{MODEL}-simulators", model=MODEL,
-            sim_image=built.pinned(names["llm-d-inference-sim"]), gate_image=self.raw["cluster"]["smokeImage"]))
-        simulators["spec"]["selector"]["matchLabels"] = simulators["spec"]["template"]["metadata"]["labels"] = selector
+        simulators = model_simulators(self.picker_namespace, MODEL, selector, built.pinned(names["llm-d-inference-sim"]),
+                                      self.raw["cluster"]["smokeImage"])
         manifest = yaml.safe_dump_all([*objects, simulators], sort_keys=False)
         self.kubectl("apply", "-f", "-", stdin=manifest)
         pod_selector = ",".join(f"{k}={v}" for k, v in selector.items())
@@ -348,6 +346,16 @@ def percentiles(values: list[float]) -> dict[str, float]:
     """p50 and p99 by nearest rank, in ms rounded to 0.1."""
     ordered = sorted(values)
     return {f"p{q}": round(ordered[max(0, -(-q * len(ordered) // 100) - 1)], 1) for q in (50, 99)}
+
+
+def model_simulators(namespace: str, model: str, selector: dict[str, str], sim_image: str, gate_image: str,
+                     replicas: int = 2) -> dict[str, Any]:
+    """testbed/endpoint/simulators.yaml for `model`: its pods labelled with the pool's `selector`."""
+    sim = yaml.safe_load(string.Template(SIMULATORS.read_text()).substitute(
+        namespace=namespace, name=f"{model}-simulators", model=model, sim_image=sim_image, gate_image=gate_image))
+    sim["spec"]["replicas"] = replicas
+    sim["spec"]["selector"]["matchLabels"] = sim["spec"]["template"]["metadata"]["labels"] = selector
+    return dict(sim)
 
 
 def stack_picker_objects(namespace: str, picker_image: str, work: Path) -> list[dict[str, Any]]:
