@@ -14,7 +14,7 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ from stacks.config.nodes import size_gb_for
 from testbed.e2e import runbook
 from testbed.e2e.cluster_checks import ADDED_NODE, NAMESPACE, ClusterEndToEnd, _sequence
 from testbed.e2e.engine_checks import GROWN_SIZE_GB, ROLE_DISKS, SPARE_DISK
-from testbed.e2e.run import rendering, require, stack_raw
+from testbed.e2e.run import JsonHandler, rendering, require, stack_raw
 
 MODEL = "qwen25-05b"
 DEPLOYMENT = f"vllm-{MODEL}"
@@ -64,22 +64,14 @@ def _name(urn: str) -> str:
     return urn.rsplit("::", 1)[1]
 
 
-class _ModelsStub(BaseHTTPRequestHandler):
+class _ModelsStub(JsonHandler):
     """Stands in for `kubectl port-forward` to a vLLM pod: answers /v1/models only with the current key."""
 
     key = ""
 
-    def do_GET(self) -> None:
+    def do_GET(self) -> None:  # noqa: N802 (the name http.server calls)
         ok = self.headers.get("Authorization") == f"Bearer {type(self).key}"
-        body = json.dumps({"object": "list", "data": [{"id": MODEL}]} if ok else {"error": "Unauthorized"}).encode()
-        self.send_response(200 if ok else 401)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: Any) -> None:
-        pass
+        self.reply_json(200 if ok else 401, {"object": "list", "data": [{"id": MODEL}]} if ok else {"error": "Unauthorized"})
 
 
 @dataclass

@@ -24,12 +24,12 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 from testbed.e2e.netns import NetworkNamespace, network_namespace
-from testbed.e2e.run import CheckError
+from testbed.e2e.run import CheckError, JsonHandler
 
 COLD_START_HEADER = "x-keda-http-cold-start"
 """Set by the interceptor on every forwarded answer: `true` when the request waited for the first ready endpoint.
@@ -44,22 +44,14 @@ class ModelStandIn:
         self.requests: list[str] = []
         owner = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
+        class Handler(JsonHandler):
+            def do_POST(self) -> None:  # noqa: N802 (the name http.server calls)
                 length = int(self.headers.get("Content-Length") or 0)
                 if length:
                     self.rfile.read(length)
                 owner.requests.append(self.path)
-                body = json.dumps({"standIn": "model server behind the interceptor (testbed/e2e/held_request.py)",
-                                   "upstream": f"{address}:{port}", "path": self.path}).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: Any) -> None:
-                pass
+                self.reply_json(200, {"standIn": "model server behind the interceptor (testbed/e2e/held_request.py)",
+                                      "upstream": f"{address}:{port}", "path": self.path})
 
         self.server = namespace.call(lambda: ThreadingHTTPServer(("127.0.0.1", port), Handler))
         threading.Thread(target=self.server.serve_forever, daemon=True).start()

@@ -10,6 +10,7 @@ import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -145,6 +146,21 @@ class Run:
             self.failed.add(name)
         self.report["checks"].append({"name": name, "ok": ok, "seconds": seconds, "detail": detail})
         print(f"{'ok  ' if ok else 'FAIL'} {name:28} {seconds:7.1f}s  {detail}", flush=True)
+
+
+class JsonHandler(BaseHTTPRequestHandler):
+    """What the checks' small stand-in servers share: a JSON answer, and no access log on stderr."""
+
+    def reply_json(self, status: int, document: dict[str, Any]) -> None:
+        body = json.dumps(document).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
 
 
 def tail(text: str, lines: int = 12) -> str:
