@@ -7,7 +7,7 @@ from components.cluster import ClusterArgs, ClusterBase, applied_annotations, ku
 from components.endpoint import TeamEndpoint, TeamEndpointArgs
 from components.node import GpuNodeArgs, gpu_nodes, labelled_for
 from components.prerequisites import warn_missing
-from components.serving import VllmService, VllmServiceArgs, adapter_rules, needs_adapter_rules, reference_grant
+from components.serving import VllmService, VllmServiceArgs, adapter_rules, needs_adapter_rules, reference_grant, servers_egress_policy
 from components.storage import ModelStorage, ModelStorageArgs
 from stacks.config import ROLLOUT_SALT_SECRET
 
@@ -21,7 +21,8 @@ kubernetes = pulumi.ResourceOptions(providers=[kubernetes_provider(config.cluste
 rules = adapter_rules() if needs_adapter_rules(config.cluster, config.models) else None
 grant = reference_grant(config.cluster, config.models)
 cluster = ClusterBase("cluster", ClusterArgs(config.cluster, adapter_rules=rules, hold_grant=grant, nodes=tuple(config.nodes),
-                                               models=tuple(m.name for m in config.models)),
+                                               models=tuple(m.name for m in config.models),
+                                               servers_egress=servers_egress_policy(config.cluster, config.models)),
                       opts=kubernetes)
 
 cache_nodes = config.cache_nodes()  # modelStorage.type nodeCache: every one of them serves from its own array

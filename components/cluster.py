@@ -188,6 +188,8 @@ class ClusterArgs:
     adapter_rules: str | None = None
     """prometheus-adapter `config.yaml` for the models' HPAs (components.serving.adapter_rules); None: no ConfigMap."""
     hold_grant: dict[str, Any] | None = None
+    servers_egress: dict[str, Any] | None = None
+    """The namespace's egress NetworkPolicy of every serving pod (components.serving.servers_egress_policy)."""
     """The ReferenceGrant that lets HTTPRoutes reach the request hold's interceptor (components.serving.hold.reference_grant)."""
     nodes: tuple[Node, ...] = ()
     """The GPU nodes: those with `gpu.sharing` get the device plugin's and the MIG manager's configs written."""
@@ -203,7 +205,8 @@ class ClusterBase(pulumi.ComponentResource):
     adapter_rules: pulumi.Output[str | None]
     """`namespace/name` of the prometheus-adapter rules ConfigMap, when the stack has HPAs."""
     serving_needs: list[pulumi.Resource]
-    """What the serving pods need before they are created (the PriorityClass: admission refuses a pod naming a missing one)."""
+    """What the serving pods need before they are created (the PriorityClass: admission refuses a pod naming a missing one;
+    the egress policy)."""
     sharing_configs: list[pulumi.Resource]
     """The device plugin's and the MIG manager's ConfigMaps: a node's labels that name their entries come after them."""
 
@@ -232,6 +235,12 @@ class ClusterBase(pulumi.ComponentResource):
             # Cluster-scoped and possibly shared: kept when the stack goes, like the namespace.
             self.serving_needs.append(k8s.scheduling.v1.PriorityClass(
                 f"{name}-priority-class", **priority, opts=pulumi.ResourceOptions(parent=self, retain_on_delete=True)
+            ))
+        if args.servers_egress is not None:
+            # Before any serving pod starts: none ever runs with egress open.
+            self.serving_needs.append(k8s.networking.v1.NetworkPolicy(
+                f"{name}-servers-egress", **args.servers_egress,
+                opts=pulumi.ResourceOptions(parent=self, depends_on=[namespace] if namespace is not None else []),
             ))
         self.sharing_configs = self._sharing_configs(name, cluster, args.nodes)
         shared = time_slicing_configs(args.nodes)

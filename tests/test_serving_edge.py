@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from components.serving.names import instance_labels, selector_labels
+from components.serving.names import instance_labels
 from policy.rules import check_resources
 from tests.test_serving import DEPLOYMENT, INGRESS, JOB, container, env_of, error_of, one, prod_model, prod_raw, with_models
 from tools.render import Render
@@ -87,25 +87,51 @@ def test_serving_pods_never_phone_home_and_hold_no_hub_token(prod: Render) -> No
     assert {"HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"} <= set(job_env)
 
 
-def egress_policy(render: Render) -> dict[str, Any]:
-    (policy,) = [p for p in render.of_type(NETWORK_POLICY) if "Egress" in p.inputs["spec"]["policyTypes"]]
-    return policy.inputs
+def egress_policies(render: Render) -> list[dict[str, Any]]:
+    return [p.inputs for p in render.of_type(NETWORK_POLICY) if "Egress" in p.inputs["spec"]["policyTypes"]]
+
+
+def allowed_egress(render: Render, pod_labels: dict[str, str]) -> list[dict[str, Any]] | None:
+    """What a pod with `pod_labels` may reach, as Kubernetes reads the policies: the union of the egress rules of every
+    policy that selects it; None when none selects it (egress open)."""
+    selecting = [p for p in egress_policies(render)
+                 if all(pod_labels.get(k) == v for k, v in p["spec"]["podSelector"].get("matchLabels", {}).items())]
+    return [rule for p in selecting for rule in p["spec"]["egress"]] if selecting else None
+
+
+def server_labels(render: Render, model: str = "qwen3") -> dict[str, str]:
+    (deployment,) = [d for d in render.of_type(DEPLOYMENT) if d.inputs["metadata"]["name"] == f"vllm-{model}"]
+    return dict(deployment.inputs["spec"]["template"]["metadata"]["labels"])
+
+
+DNS_ONLY = [{
+    "to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+            "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}],
+    "ports": [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}],
+}]
 
 
 def test_serving_pods_reach_dns_and_nothing_else(prod: Render) -> None:
-    policy = egress_policy(prod)
-    spec = policy["spec"]
-    assert spec["policyTypes"] == ["Egress"]
-    # The serving pods only: the download Job must still reach the hub.
-    assert spec["podSelector"]["matchLabels"] == selector_labels(prod.config.models[0])
-    job_labels = one(prod, JOB)["spec"]["template"]["metadata"]["labels"]
-    assert not all(job_labels.get(k) == v for k, v in spec["podSelector"]["matchLabels"].items())
     # Issue 24: DNS only to the cluster DNS pods, not to any resolver on port 53 (a tunnel out).
-    assert spec["egress"] == [{
-        "to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
-                "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}],
-        "ports": [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}],
-    }]
+    assert allowed_egress(prod, server_labels(prod)) == DNS_ONLY
+    # The serving pods only: the download Job must still reach the hub.
+    job_labels = one(prod, JOB)["spec"]["template"]["metadata"]["labels"]
+    assert allowed_egress(prod, job_labels) is None
+    (policy,) = egress_policies(prod)
+    assert policy["metadata"]["name"] == "gpu-serving-servers-egress" and policy["metadata"]["namespace"] == "ai"
+
+
+def test_one_dns_policy_serves_every_model_of_the_namespace(render) -> None:  # type: ignore[no-untyped-def]
+    """Issue 40: what was one egress policy per model is one per namespace, with the same effect on every pod."""
+    one_each = {"replicas": {"min": 1, "max": 1}}
+    models = [prod_model(**one_each), {**prod_model(**one_each), "name": "mistral", "ingress": {"host": "mistral.example.com"}}]
+    result = render(models=models)
+    assert len(egress_policies(result)) == 1
+    for model in ("qwen3", "mistral"):
+        assert allowed_egress(result, server_labels(result, model)) == DNS_ONLY
+    for job in result.of_type(JOB):
+        assert allowed_egress(result, job.inputs["spec"]["template"]["metadata"]["labels"]) is None
+    assert render(models=[]).of_type(NETWORK_POLICY) == []
 
 
 def ingress_policy(render: Render) -> dict[str, Any]:
@@ -143,7 +169,7 @@ def test_peers_are_configurable(render) -> None:  # type: ignore[no-untyped-def]
     assert peers[0] == peer("envoy-gateway-system", {"gateway.envoyproxy.io/owning-gateway-name": "edge"})
     assert peers[1] == peer("observability", {"app": "prom"})
     assert peers[-1] == peer("apps", None)
-    assert egress_policy(result)["spec"]["egress"][0]["to"] == [peer("dns", {"app": "unbound"})]
+    assert allowed_egress(result, server_labels(result))[0]["to"] == [peer("dns", {"app": "unbound"})]
 
 
 def test_a_model_without_ingress_admits_no_edge(render) -> None:  # type: ignore[no-untyped-def]
@@ -156,10 +182,11 @@ def test_a_model_without_ingress_admits_no_edge(render) -> None:  # type: ignore
 
 
 def test_egress_cidrs_open_only_those_networks(render) -> None:  # type: ignore[no-untyped-def]
-    result = render(models=[prod_model(egressCidrs=["10.20.0.0/16"])])
-    dns, extra = egress_policy(result)["spec"]["egress"]
-    assert extra == {"to": [{"ipBlock": {"cidr": "10.20.0.0/16"}}]}
-    assert dns["to"] == [peer("kube-system", {"k8s-app": "kube-dns"})]
+    one_each = {"replicas": {"min": 1, "max": 1}}
+    other = {**prod_model(**one_each), "name": "mistral", "ingress": {"host": "mistral.example.com"}}
+    result = render(models=[prod_model(egressCidrs=["10.20.0.0/16"], **one_each), other])
+    assert allowed_egress(result, server_labels(result, "qwen3")) == [*DNS_ONLY, {"to": [{"ipBlock": {"cidr": "10.20.0.0/16"}}]}]
+    assert allowed_egress(result, server_labels(result, "mistral")) == DNS_ONLY  # another model's networks are not its own
 
 
 @pytest.mark.parametrize(

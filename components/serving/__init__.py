@@ -16,6 +16,7 @@ test bed); everything else is imported from the module that defines it.
 from components.serving.autoscaling import adapter_rules, autoscaler, needs_adapter_rules
 from components.serving.component import VllmService, VllmServiceArgs
 from components.serving.drain import PRESTOP_S
+from components.serving.edge import servers_egress_policy
 from components.serving.hold import reference_grant
 from components.serving.jobs import DOWNLOAD_SCRIPT, SMOKE_SCRIPT
 from components.serving.profile import NON_ROOT_UID
@@ -31,4 +32,5 @@ __all__ = [
     "autoscaler",
     "needs_adapter_rules",
     "reference_grant",
+    "servers_egress_policy",
 ]

@@ -177,9 +177,11 @@ class VllmService(pulumi.ComponentResource):
         k8s.policy.v1.PodDisruptionBudget(
             f"{name}-pdb", metadata=meta(base, "inference-server"), spec=disruption_budget_spec(model), opts=child
         )
-        k8s.networking.v1.NetworkPolicy(
-            f"{name}-egress", metadata=meta(f"{base}-egress", "inference-server"), spec=egress_policy_spec(model, cluster), opts=child
-        )
+        egress = egress_policy_spec(model)
+        if egress is not None:
+            # After the namespace's DNS policy (in `after`): on the upgrade that moved DNS there, the pods never lose it.
+            k8s.networking.v1.NetworkPolicy(f"{name}-egress", metadata=meta(f"{base}-egress", "inference-server"), spec=egress,
+                                            opts=pulumi.ResourceOptions(parent=self, depends_on=list(args.after)))
 
         # Scale to zero: the interceptor receives the requests (components/serving/hold.py).
         hold = cluster.request_hold if model.scales_to_zero else None

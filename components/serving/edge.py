@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pulumi_kubernetes as k8s
 
+from components.cluster import PART_OF, applied_annotations
 from components.serving.names import PORT, hold_host, hold_name, instance_labels, object_name, selector_labels
 from stacks.config import ClusterConfig, Model
 
@@ -146,20 +149,44 @@ def network_policy_spec(
     )
 
 
-def egress_policy_spec(model: Model, cluster: ClusterConfig) -> k8s.networking.v1.NetworkPolicySpecArgs:
-    """Serving pods reach the cluster DNS pods and the model's `egressCidrs`, nothing else: they
-    load from the volume (HF_HUB_OFFLINE) and have no business calling out, so a stray usage
-    report, a hub look-up or an exfiltration attempt fails instead of leaving the cluster. DNS
-    goes to the cluster's resolver only: port 53 anywhere would be a tunnel out. Only the
-    serving pods: the download Job must reach the hub."""
+SERVERS_EGRESS = "gpu-serving-servers-egress"
+"""The namespace's one DNS egress policy for every serving pod (`gpu-serving-`: no model's objects can take it)."""
+SERVER_LABELS = {"app.kubernetes.io/name": "vllm", "app.kubernetes.io/component": "inference-server"}
+"""Every model's serving pods (its `selector_labels` without the instance), and nothing else: not the download and
+smoke-test Jobs, the pickers or the holds."""
+
+
+def servers_egress_policy(cluster: ClusterConfig, models: list[Model]) -> dict[str, Any] | None:
+    """Serving pods reach the cluster DNS pods, nothing else: they load from the volume (HF_HUB_OFFLINE) and have no
+    business calling out, so a stray usage report, a hub look-up or an exfiltration attempt fails instead of leaving
+    the cluster. DNS goes to the cluster's resolver only: port 53 anywhere would be a tunnel out. One policy for every
+    model of the namespace: a pod's allowed egress is the union of the policies that select it, so a model's
+    `egressCidrs` are a policy of its own (`egress_policy_spec`), and a fleet of models has one object here, not one
+    each. None without models."""
+    if not models:
+        return None
     net, config = k8s.networking.v1, cluster.network
     dns = [net.NetworkPolicyPortArgs(port=DNS_PORT, protocol=p) for p in ("UDP", "TCP")]
-    rules = [net.NetworkPolicyEgressRuleArgs(to=[_peer(config.dns_namespace, config.dns_pod_labels)], ports=dns)]
-    if model.egress_cidrs:
-        peers = [net.NetworkPolicyPeerArgs(ip_block=net.IPBlockArgs(cidr=cidr)) for cidr in model.egress_cidrs]
-        rules.append(net.NetworkPolicyEgressRuleArgs(to=peers))
+    return dict(
+        metadata=k8s.meta.v1.ObjectMetaArgs(name=SERVERS_EGRESS, namespace=cluster.namespace, labels=PART_OF,
+                                            annotations=applied_annotations(cluster)),
+        spec=net.NetworkPolicySpecArgs(
+            pod_selector=k8s.meta.v1.LabelSelectorArgs(match_labels=dict(SERVER_LABELS)), policy_types=["Egress"],
+            egress=[net.NetworkPolicyEgressRuleArgs(to=[_peer(config.dns_namespace, config.dns_pod_labels)], ports=dns)],
+        ),
+    )
+
+
+def egress_policy_spec(model: Model) -> k8s.networking.v1.NetworkPolicySpecArgs | None:
+    """The networks of `models[].egressCidrs` for this model's serving pods, on top of the namespace's DNS policy
+    (`servers_egress_policy`); None without any."""
+    if not model.egress_cidrs:
+        return None
+    net = k8s.networking.v1
+    peers = [net.NetworkPolicyPeerArgs(ip_block=net.IPBlockArgs(cidr=cidr)) for cidr in model.egress_cidrs]
     return net.NetworkPolicySpecArgs(
-        pod_selector=k8s.meta.v1.LabelSelectorArgs(match_labels=selector_labels(model)), policy_types=["Egress"], egress=rules
+        pod_selector=k8s.meta.v1.LabelSelectorArgs(match_labels=selector_labels(model)), policy_types=["Egress"],
+        egress=[net.NetworkPolicyEgressRuleArgs(to=peers)],
     )
 
 
