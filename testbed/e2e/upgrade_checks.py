@@ -27,7 +27,7 @@ from stacks.config import DevicePlugin, Model
 from testbed import cluster_pins
 from testbed.e2e.cluster_checks import SHARED_NODE, SHARED_PRODUCT, _sequence
 from testbed.e2e.day_two import _changed, _events, _name
-from testbed.e2e.held_request import COLD_START_HEADER, hold_one, running_interceptor
+from testbed.e2e.held_request import COLD_START_HEADER, HeldRequest, hold_one, running_interceptor
 from testbed.e2e.run import CheckError, require, stack_raw
 from testbed.e2e.sharing_checks import MAPS, OPERATOR_NAMESPACE, SharingEndToEnd
 from tools.render import ROOT
@@ -226,7 +226,7 @@ class UpgradeEndToEnd(SharingEndToEnd):
             require(held.status == 200 and held.answer().get("upstream") == upstream,
                     f"the held request's answer is {held.describe()}, not the model's ({upstream})")
             require(held.headers.get(COLD_START_HEADER) == "true", f"the interceptor did not hold it for a cold start: {held.headers}")
-            after = hold_one(interceptor, host, f"{old_route['pathPrefixes'][0]}/completions", body, held_for=0)
+            after = HeldRequest(interceptor, host, f"{old_route['pathPrefixes'][0]}/completions", body)
             require(after.wait(30) and after.status == 200 and after.headers.get(COLD_START_HEADER) == "false",
                     f"a request after the upgrade (the route alone) was answered {after.describe()}")
             require(len(model.requests) == 2, f"the model was sent {len(model.requests)} requests for 2: {model.requests}")
