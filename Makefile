@@ -33,7 +33,7 @@ help:
 	@echo "make bench                 benchmarks into bench-out/ (BENCH_ARGS=--update-docs: into docs/; --quick: a fast check)"
 	@echo "make bench-vm              node-step benchmark on a throwaway VM into bench-out/ (slow; make bench includes it)"
 	@echo "make engine                build the real Pulumi CLI and plugins from pinned Go modules (cached)"
-	@echo "make e2e                   preview, up, grow, destroy under the real engine, lab VM as the node"
+	@echo "make e2e [E2E_ARGS=…]      preview, up, grow, destroy under the real engine, lab VM as the node (E2E_ARGS=--skip a,b)"
 	@echo "make cluster [STACK=prod]  loopback Kubernetes control plane, one simulated GPU node per node of STACK"
 	@echo "make cluster-stop          stop it, leaving nothing running"
 	@echo "make bench-engine          real-engine benchmark against a bare program: prod, and fleets up to 32 nodes x 100 models (make bench includes it; BENCH_ARGS=--quick: a fast check)"
@@ -143,7 +143,7 @@ e2e: $(STAMP) engine
 	bash testbed/cluster/build.sh
 	bash testbed/endpoint/build.sh >/dev/null
 	bash testbed/vm/install-host-deps.sh
-	$(PY) -m testbed.e2e
+	$(PY) -m testbed.e2e $(E2E_ARGS)
 
 # The loopback cluster's binaries are built once into ~/.cache/gpu-serving/cluster/ (testbed/cluster).
 cluster: $(STAMP)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 
@@ -28,3 +29,13 @@ def test_ci_takes_the_engine_sources_from_beside_the_clone_only() -> None:
     run = (ROOT / ".ci" / "run").read_text()
     assert "../shared/engine-src" in run
     assert "$HOME" not in run
+
+
+def test_the_checks_ci_leaves_out_are_e2e_checks() -> None:
+    # A renamed benchmark would otherwise run in CI again unnoticed, and a typo skip nothing.
+    run = (ROOT / ".ci" / "run").read_text()
+    skipped = re.search(r'E2E_ARGS="--skip ([^"]+)"', run)
+    assert skipped, "CI's e2e stage names the checks it leaves out"
+    sources = "".join(p.read_text() for p in (ROOT / "testbed" / "e2e").glob("*.py"))
+    for name in skipped[1].split(","):
+        assert f'.check("{name}",' in sources, name
