@@ -39,3 +39,11 @@ def test_the_checks_ci_leaves_out_are_e2e_checks() -> None:
     sources = "".join(p.read_text() for p in (ROOT / "testbed" / "e2e").glob("*.py"))
     for name in skipped[1].split(","):
         assert f'.check("{name}",' in sources, name
+
+
+def test_the_vm_tier_orders_every_module_it_has() -> None:
+    # make test-vm hands modules to its two workers longest first (tests/vm/conftest.py); one missing from the
+    # order runs last, and a long one there leaves the other worker idle for its whole length.
+    conftest = (ROOT / "tests" / "vm" / "conftest.py").read_text()
+    listed = re.findall(r'^    "(test_\w+\.py)",', conftest, re.M)
+    assert sorted(listed) == sorted(p.name for p in (ROOT / "tests" / "vm").glob("test_*.py"))

@@ -12,6 +12,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import tarfile
 import time
 import zipfile
@@ -260,6 +261,38 @@ def test_wheels_install_into_debians_dist_packages(tmp_path: Path) -> None:
         archive.writestr("pkg-1.0.data/scripts/x", "")
     with pytest.raises(images.BuildError, match=r"has a \.data folder"):
         list(images.wheel_entries(wheel))
+
+
+@pytest.mark.skipif(sys.version_info[:2] != images.IMAGE_PYTHON, reason="only a 3.11 host writes the image's bytecode")
+def test_modules_carry_bytecode_that_python_loads_instead_of_compiling(tmp_path: Path) -> None:
+    site = images.SITE_PACKAGES
+    entries = [Entry(f"{site}/pkg/__init__.py", "file", 0o644, b"VALUE = 42\n"),
+               Entry(f"{site}/pkg/bad.py", "file", 0o644, b"def (:\n"),  # skipped, as py3compile skips it
+               Entry(f"{site}/pkg/unused.py", "file", 0o644, b"x = 1\n")]  # no program imports it: left alone
+    compiled = images.bytecode(entries, {f"{site}/pkg/__init__.py", f"{site}/pkg/bad.py"})
+    assert [e.path for e in compiled] == [f"{site}/pkg/__pycache__/__init__.{sys.implementation.cache_tag}.pyc"]
+    for entry in (entries[0], *compiled):
+        (tmp_path / entry.path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / entry.path).write_bytes(entry.data)
+    # The source changed after the build: an unchecked-hash pyc is used as it is, so 42 proves the bytecode
+    # was loaded and nothing compiled (-B: nothing written either, as in the pod).
+    (tmp_path / site / "pkg/__init__.py").write_bytes(b"VALUE = 1\n")
+    out = subprocess.run([sys.executable, "-B", "-c", "import pkg; print(pkg.VALUE)"],
+                         env={**os.environ, "PYTHONPATH": str(tmp_path / site)}, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["42"]
+
+
+@pytest.mark.skipif(sys.version_info[:2] != images.IMAGE_PYTHON, reason="only a 3.11 host writes the image's bytecode")
+def test_what_is_compiled_is_what_the_pods_programs_import() -> None:
+    modules = images.imported_modules()
+    stdlib, site = "usr/lib/python3.11", images.SITE_PACKAGES
+    # The download Job's client, the stand-in's HTTP server, the init container's json, and what every start loads.
+    for path in (f"{site}/huggingface_hub/__init__.py", f"{site}/huggingface_hub/_snapshot_download.py",
+                 f"{site}/requests/__init__.py", f"{stdlib}/http/server.py", f"{stdlib}/json/__init__.py",
+                 f"{stdlib}/encodings/__init__.py"):
+        assert path in modules, path
+    assert not any("/pip/" in m or "/pulumi/" in m or "/pytest/" in m for m in modules)  # the venv's own are not
+    assert not any(m.startswith(f"{stdlib}/tkinter/") or m.startswith(f"{stdlib}/unittest/") for m in modules)
 
 
 def test_the_pinned_client_is_the_one_the_stand_in_tests_run() -> None:

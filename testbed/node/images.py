@@ -9,7 +9,8 @@ Two root filesystems, three names:
 - gs-testbed/vllm-sim:v0.18.0 (what models[].image names; the download Job runs it too) and
   gs-testbed/smoke:v1 (cluster.smokeImage, pinned by digest) share one layer: Debian bookworm's
   python3.11 and curl from .debs, busybox as /bin/sh and its applets, huggingface_hub 0.35.3 and
-  its pure-Python dependencies (no hf_xet), and testbed/standins/vllm_sim.py. Each name has its own
+  its pure-Python dependencies (no hf_xet), every module's bytecode (`bytecode`: what Debian's postinst
+  and pip would have compiled) and testbed/standins/vllm_sim.py. Each name has its own
   config, so a new HF_ENDPOINT changes the vllm-sim digest, never the smoke one.
 
 The vllm-sim ENTRYPOINT is `python3 /opt/gs/vllm_sim.py serve`, as vLLM's is `vllm serve`, and
@@ -34,10 +35,13 @@ the .debs are whatever apt's lists name today, not a pinned snapshot.
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
 import fcntl
 import hashlib
+import importlib.util
 import json
+import marshal
 import os
 import platform
 import posixpath
@@ -45,6 +49,7 @@ import re
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tarfile
 import tempfile
 import zipfile
@@ -236,6 +241,8 @@ def inputs(debs: list[Deb], hf_endpoint: str) -> Iterator[bytes]:
     yield "\n".join(f"{deb.package} {deb.sha256}" for deb in debs).encode()
     yield "\n".join(f"{name} {sha}" for name, sha in sorted(WHEELS.items())).encode()
     yield VLLM_SIM_SOURCE.read_bytes()
+    for path in sorted(PROGRAMS.glob("*.py")):  # what they import is compiled
+        yield path.name.encode() + b"\0" + path.read_bytes()
     for path in sorted(PAUSE_SOURCE.iterdir()):
         yield path.name.encode() + b"\0" + path.read_bytes()
     yield Path(__file__).read_bytes()
@@ -480,7 +487,76 @@ def python_rootfs(debs: dict[str, Path], wheels: list[Path]) -> list[Entry]:
     shadowed = {entry.path for entry in entries if entry.kind == "file"} & {f"usr/bin/{a}" for a in BUSYBOX_APPLETS}
     if shadowed:
         raise BuildError(f"busybox applets would replace packaged files: {', '.join(sorted(shadowed))}")
-    return entries
+    return entries + bytecode(entries, imported_modules())
+
+
+IMAGE_PYTHON = (3, 11)
+"""The minor version of Debian's python3.11 in DEBS: bytecode is only valid for it."""
+PROGRAMS = HERE.parent.parent / "components" / "serving" / "programs"
+"""The download Job's, the init container's and the smoke Job's programs, run by the image's python3."""
+LIST_MODULES = """import importlib, json, sys
+for name in sys.argv[1:]:
+    module, _, attribute = name.partition(":")
+    try:
+        imported = importlib.import_module(module)
+    except ImportError:
+        continue
+    if attribute:  # `from m import a`: a submodule, or an attribute a lazy package imports on first use
+        try:
+            importlib.import_module(f"{module}.{attribute}")
+        except ImportError:
+            getattr(imported, attribute, None)
+print(json.dumps(sorted(getattr(m, "__file__", None) or "" for m in list(sys.modules.values()))))
+"""
+
+
+def imported_modules() -> set[str]:
+    """The image paths of the modules the pods' Python programs import (vllm_sim and PROGRAMS), with what the
+    interpreter itself loads from files at start (encodings): resolved by this host's 3.11, whose standard
+    library and venv hold the same modules at the same relative paths. Compiling only these keeps the layer
+    small: every byte of it is unpacked by each node's emulated CPU, and all the bytecode would add 17 MiB."""
+    if sys.version_info[:2] != IMAGE_PYTHON:
+        return set()
+    names = set()
+    for source in (VLLM_SIM_SOURCE, *sorted(PROGRAMS.glob("*.py"))):
+        for node in ast.walk(ast.parse(source.read_text())):
+            if isinstance(node, ast.Import):
+                names.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level and node.module != "__future__":
+                names.update(f"{node.module}:{alias.name}" for alias in node.names)
+    files = json.loads(run([sys.executable, "-I", "-c", LIST_MODULES, *sorted(names)]))
+    roots = {Path(sysconfig.get_path("stdlib")): "usr/lib/python3.11", Path(sysconfig.get_path("purelib")): SITE_PACKAGES,
+             Path(sysconfig.get_path("platlib")): SITE_PACKAGES}
+    paths = set()
+    for file in map(Path, filter(None, files)):
+        root = next((r for r in roots if file.suffix == ".py" and file.is_relative_to(r)), None)
+        if root is not None:
+            paths.add(f"{roots[root]}/{file.relative_to(root).as_posix()}")
+    return paths
+
+
+def bytecode(entries: list[Entry], modules: set[str]) -> list[Entry]:
+    """The bytecode of each of `modules` (image paths) beside it, as Debian's postinst (py3compile) and pip would
+    have written it. Without it every Python process in a pod compiles all it imports at each start, since
+    nothing may write the cache (PYTHONDONTWRITEBYTECODE; the nonRoot profile's read-only root): about 1 s of a
+    host core per start of the download Job's client, and tens of seconds on the test bed's emulated CPU, more
+    under the init container's CPU limit. Unchecked-hash pycs (PEP 552), so the layer's normalized mtimes do
+    not matter. Only a 3.11 host can write them (another version's would be ignored): elsewhere there are none."""
+    if sys.version_info[:2] != IMAGE_PYTHON:
+        return []
+    out = []
+    for entry in entries:
+        if entry.kind != "file" or entry.path not in modules:
+            continue
+        try:
+            code = compile(entry.data, "/" + entry.path, "exec", dont_inherit=True, optimize=0)
+        except (SyntaxError, ValueError):  # not Python 3.11: Debian's py3compile skips such files too
+            continue
+        folder, name = posixpath.split(entry.path)
+        flags = (1).to_bytes(4, "little")  # hash-based, source not checked
+        pyc = importlib.util.MAGIC_NUMBER + flags + importlib.util.source_hash(entry.data) + marshal.dumps(code)
+        out.append(Entry(f"{folder}/__pycache__/{name[:-3]}.{sys.implementation.cache_tag}.pyc", "file", 0o644, pyc))
+    return out
 
 
 def image_set(pause: bytes, rootfs: list[Entry], hf_endpoint: str) -> dict[str, oci.Image]:
