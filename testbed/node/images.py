@@ -9,8 +9,8 @@ Two root filesystems, three names:
 - gs-testbed/vllm-sim:v0.18.0 (what models[].image names; the download Job runs it too) and
   gs-testbed/smoke:v1 (cluster.smokeImage, pinned by digest) share one layer: Debian bookworm's
   python3.11 and curl from .debs, busybox as /bin/sh and its applets, huggingface_hub 0.35.3 and
-  its pure-Python dependencies (no hf_xet), every module's bytecode (`bytecode`: what Debian's postinst
-  and pip would have compiled) and testbed/standins/vllm_sim.py. Each name has its own
+  its pure-Python dependencies (no hf_xet), the bytecode of the modules the pods' programs import
+  (`bytecode`: what Debian's postinst and pip would have compiled) and testbed/standins/vllm_sim.py. Each name has its own
   config, so a new HF_ENDPOINT changes the vllm-sim digest, never the smoke one.
 
 The vllm-sim ENTRYPOINT is `python3 /opt/gs/vllm_sim.py serve`, as vLLM's is `vllm serve`, and
@@ -493,7 +493,8 @@ def python_rootfs(debs: dict[str, Path], wheels: list[Path]) -> list[Entry]:
 IMAGE_PYTHON = (3, 11)
 """The minor version of Debian's python3.11 in DEBS: bytecode is only valid for it."""
 PROGRAMS = HERE.parent.parent / "components" / "serving" / "programs"
-"""The download Job's, the init container's and the smoke Job's programs, run by the image's python3."""
+"""components/serving/jobs.py's PROGRAMS (not imported: that would load the Pulumi SDK here): the *.py among them
+are the download Job's and the init container's, run by the image's python3."""
 LIST_MODULES = """import importlib, json, sys
 for name in sys.argv[1:]:
     module, _, attribute = name.partition(":")
