@@ -392,14 +392,7 @@ class Vm(GuestSsh):
     def _resume(self, names: list[str], timeout: float) -> None:
         """Run the incoming saved guest, set its clock, then plug in ``names`` in order."""
         deadline = time.monotonic() + timeout
-        while True:
-            status = self.monitor("info status")
-            if "inmigrate" not in status and ("paused" in status or "running" in status):
-                break
-            if not self.running or time.monotonic() > deadline:
-                raise VmError(f"the saved guest did not load within {timeout:.0f} s: {status!r}\n" + self._diagnostics())
-            time.sleep(0.5)
-        if "running" not in status:
+        if "running" not in self._wait_loaded(deadline):
             self.monitor("cont")
         self.wait_ssh(max(deadline - time.monotonic(), 60))
         self._start_mux()
@@ -416,6 +409,21 @@ class Vm(GuestSsh):
                 timeout=300,
             )
         self.ssh("udevadm settle")
+
+    def _wait_loaded(self, deadline: float) -> str:
+        """Wait for the incoming saved guest to be loaded (paused or running); return qemu's status line."""
+        while True:
+            try:
+                status = self.monitor("info status")
+            except (FileNotFoundError, ConnectionRefusedError) as e:
+                # qemu makes its monitor socket only once it has set itself up: on a loaded host that can take
+                # longer than start()'s half-second look.
+                status = f"monitor not yet listening ({e.strerror})"
+            if "inmigrate" not in status and ("paused" in status or "running" in status):
+                return status
+            if not self.running or time.monotonic() > deadline:
+                raise VmError(f"the saved guest did not load in time: {status!r}\n" + self._diagnostics())
+            time.sleep(0.5)
 
     def plug(self, name: str) -> None:
         """Hot-plug extra disk ``name`` into the running guest (behind its own root port)."""

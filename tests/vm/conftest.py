@@ -46,9 +46,9 @@ SLOWEST_FIRST = (
     "test_live_node.py",  # 461
     "test_disk_safety.py",  # 351
     "test_node_faults.py",  # 228
-    "test_harness.py",  # 206
     "test_udev_race.py",  # 112
     "test_slow_disk.py",  # 55
+    "test_harness.py",  # 206 before its reboot and detached-disk boot moved to test_node_scripts.py
     "test_disk_paths.py",  # 7
 )
 

@@ -163,31 +163,3 @@ def test_guest_write_is_seen_by_checksum(vm: Vm, os_layout: dict[str, str]) -> N
         assert fh.read(1) == b"x"
     # ... and it did not touch the OS partitions
     assert partition_sha256s(vm, os_layout) == os_layout
-
-
-def test_reboot_keeps_files_and_changes_boot_id(vm: Vm, os_layout: dict[str, str]) -> None:
-    old = vm.boot_id()
-    vm.ssh("echo survived > /root/marker && sync")
-    vm.reboot()
-    assert vm.boot_id() != old
-    assert vm.ssh("cat /root/marker").stdout == "survived\n"
-    assert partition_sha256s(vm, os_layout) == os_layout
-
-
-# Keep this test LAST in the module: it leaves the shared VM with only gs-disk-a attached
-# (restoring both disks would cost another ~50 s boot).
-def test_boot_with_one_disk_detached(vm: Vm, os_layout: dict[str, str]) -> None:
-    vm.ssh("echo before-detach > /root/detach-marker && sync")
-    vm.stop()
-    assert not vm.running
-    vm.start(attach=[DISK_A])
-    assert not vm.resumed  # a later start is a real boot
-    assert vm.attached == [DISK_A]
-    ids = vm.ssh("ls /dev/disk/by-id/").stdout.split()
-    assert f"virtio-{DISK_A}" in ids
-    assert f"virtio-{DISK_B}" not in ids
-    assert vm.ssh("readlink -f " + Vm.by_id(DISK_A)).stdout.strip() == "/dev/vdb"
-    assert vm.ssh("cat /root/detach-marker").stdout == "before-detach\n"  # same root disk
-    a_parts = {k: v for k, v in os_layout.items() if k.startswith(Vm.by_id(DISK_A) + "-")}
-    assert partition_sha256s(vm, a_parts) == a_parts  # same disk file
-    assert vm.disk_path(DISK_B).exists()  # the detached disk's file is kept
