@@ -88,10 +88,11 @@ class OneUrlChecks:
         pools = {model: ",".join(f"{k}={v}" for k, v in d["spec"]["selector"]["matchLabels"].items())
                  for d in documents if d["kind"] == "InferencePool" for model in [d["metadata"]["name"].removeprefix("vllm-")]}
         # Four pods start at once on the one emulated node (two simulators, two pickers): 3 to 4 minutes there on a
-        # loaded host (2026-12-07), so a wait of its own per pod, longer than that.
+        # loaded host (2026-12-07), with the loopback cluster's checks running beside it since, so a wait of its own
+        # per pod, well over that.
         for model in NEW_POOLS:
-            self.wait_for(f"{model}'s simulator Ready", lambda m=model: self.pool_pods(pools[m], ready=1), 420)
-            self.wait_for(f"{model}'s picker Ready", lambda s=pickers[model]: self.ready_one(s), 420)
+            self.wait_for(f"{model}'s simulator Ready", lambda m=model: self.pool_pods(pools[m], ready=1), 600)
+            self.wait_for(f"{model}'s picker Ready", lambda s=pickers[model]: self.ready_one(s), 600)
         self.vm.put_file(picker["client"].read_bytes(), "/var/tmp/extproc-client", "0755")
         self.one_url = {"manifest": manifest, "tenants": {t.name: t for t in tenants}, "keys": keys, "pools": pools,
                         "served_by": {name: model for model, names in adapters.items() for name in (model, *names)},

@@ -96,8 +96,8 @@ class PickerChecks:
         self.kubectl("apply", "-f", "-", stdin=manifest)
         pod_selector = ",".join(f"{k}={v}" for k, v in selector.items())
         picker_selector = ",".join(f"{k}={v}" for k, v in by_kind["Deployment"]["spec"]["selector"]["matchLabels"].items())
-        pods = self.wait_for("two Ready simulator pods", lambda: self.pool_pods(pod_selector, ready=2), 180)
-        epp = self.wait_for("a Ready picker", lambda: self.ready_one(picker_selector), 180)
+        pods = self.wait_for("two Ready simulator pods", lambda: self.pool_pods(pod_selector, ready=2), 360)
+        epp = self.wait_for("a Ready picker", lambda: self.ready_one(picker_selector), 360)
         self.picker = {
             "manifest": manifest,
             "objects": by_kind,
@@ -275,8 +275,8 @@ class PickerChecks:
         args = [a for a in container["args"] if not a.startswith("--fake-metrics")] + list(BENCH_ARGS)
         patch = [{"op": "replace", "path": "/spec/template/spec/containers/0/args", "value": args}]
         self.kubectl("patch", "deployment", deployment, "-n", ns, "--type=json", "-p", json.dumps(patch))
-        self.kubectl("rollout", "status", "deployment", deployment, "-n", ns, "--timeout=180s")
-        pods = self.wait_for("two Ready simulator pods", lambda: self.pool_pods(picker["pod_selector"], ready=2), 180)
+        self.kubectl("rollout", "status", "deployment", deployment, "-n", ns, "--timeout=360s")
+        pods = self.wait_for("two Ready simulator pods", lambda: self.pool_pods(picker["pod_selector"], ready=2), 360)
         a, b = (f"{p['status']['podIP']}:8000" for p in pods)
         epp = self.get("pod", picker["pod"], "-n", ns)["status"]["podIP"]
         client = "/var/tmp/extproc-client"
