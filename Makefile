@@ -94,7 +94,7 @@ checkers:
 
 test-vm: $(STAMP)
 	bash testbed/vm/install-host-deps.sh
-	GS_VM_TESTS=1 $(PY) -m pytest -q -n auto --dist loadfile --durations=20 tests/vm
+	GS_VM_TESTS=1 $(PY) -m pytest -q -n auto --dist loadfile --durations=20 tests/vm $(VM_ARGS)
 
 SHELL_SCRIPTS = $(wildcard components/node/scripts/*.sh components/serving/programs/*.sh testbed/vm/*.sh testbed/vm/fakes/*.sh testbed/engine/*.sh testbed/cluster/*.sh testbed/checkers/*.sh testbed/endpoint/*.sh .ci/run)
 

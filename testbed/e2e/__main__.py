@@ -12,7 +12,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 import testbed.e2e
 from testbed.e2e.cache_checks import CACHE_CHECKS
@@ -58,11 +57,6 @@ def main(argv: list[str] | None = None) -> int:
     # The prod stack's node is never reached (preview runs nothing): a throwaway key stands in.
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp / "canary-key")], check=True)
     run.canaries = {"hfToken": f"gs-canary-hfToken-{secrets.token_hex(8)}", "sshPrivateKey": (tmp / "canary-key").read_text()}
-    real_wanted = not set(ALL_REAL_CHECKS) <= args.skip
-    # The real node's run, on a cluster and VMs of its own, as a second process beside this one: the loopback
-    # cluster's checks are one Python program and one engine at a time (about one core of two, measured), the
-    # real node's guests take the rest. One after the other they took about 50 minutes on a loaded host.
-    real_process = _start_real_process(args) if real_wanted and not args.real_only else None
     try:
         if not args.real_only:
             run.check("engine-versions", run.engine_versions)
@@ -125,13 +119,13 @@ def main(argv: list[str] | None = None) -> int:
             run.cluster_sh("stop", check=False)
         if run.vm is not None:
             run.vm.stop()
-        if args.real_only and real_wanted:
+        # The real node last, on a cluster and VM of its own, once the first run's are stopped: its
+        # guest takes both cores while pods start.
+        if not set(ALL_REAL_CHECKS) <= args.skip:
             (tmp / "real").mkdir()
             copy_project(tmp / "real" / "project")
             real = TwoNodeEndToEnd(tmp / "real", env, args.out, report=run.report, canaries=run.canaries, skip=args.skip)
             real.run_all()
-        if real_process is not None:
-            _join_real_process(real_process, args.out / "real", run.report)
         added = run.installed_plugins() - run.pinned_plugins if run.plugins.exists() else set()
         run.report["figures"]["pluginsAdded"] = len(added)
         run.report["figures"]["e2eWallSeconds"] = round(time.monotonic() - started, 1)
@@ -150,31 +144,6 @@ def main(argv: list[str] | None = None) -> int:
         skipped += f" ({len(PENDING)} of them pending: not yet passing, see the report)"
     print(f"e2e: {len(run.report['checks']) - len(failed)} passed, {len(failed)} failed{skipped}; report {args.out / 'report.json'}")
     return 1 if failed or added else 0
-
-
-def _start_real_process(args: argparse.Namespace) -> subprocess.Popen[bytes]:
-    """`--real-only` with the same skips and options, reporting into ``OUT/real``; its check lines go to this stdout."""
-    argv = [sys.executable, "-m", "testbed.e2e", "--real-only", "--out", str(args.out / "real")]
-    if args.skip:
-        argv += ["--skip", ",".join(sorted(args.skip))]
-    argv += [flag for flag, on in (("--keep", args.keep), ("--with-pending", args.with_pending)) if on]
-    return subprocess.Popen(argv, cwd=ROOT)
-
-
-def _join_real_process(process: subprocess.Popen[bytes], out: Path, report: dict[str, Any]) -> None:
-    """Wait for the real node's process and take its checks into this run's report (a crash is a failed check)."""
-    code = process.wait()
-    try:
-        real = json.loads((out / "report.json").read_text())
-    except (OSError, ValueError):
-        real = {}
-    report["checks"] += real.get("checks", [])
-    report.setdefault("skipped", []).extend(real.get("skipped", []))
-    report["figures"].update({k: v for k, v in real.get("figures", {}).items() if k not in ("pluginsAdded", "e2eWallSeconds")})
-    if code and all(c["ok"] for c in real.get("checks", [])):
-        detail = f"the real node's process ended with exit {code}" + ("" if real else " and no report")
-        report["checks"].append({"name": "real-node-run", "ok": False, "seconds": 0.0, "detail": detail})
-        print(f"FAIL real-node-run                  {detail}", flush=True)
 
 
 if __name__ == "__main__":
