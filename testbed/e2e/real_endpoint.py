@@ -88,8 +88,8 @@ class OneUrlChecks:
         pools = {model: ",".join(f"{k}={v}" for k, v in d["spec"]["selector"]["matchLabels"].items())
                  for d in documents if d["kind"] == "InferencePool" for model in [d["metadata"]["name"].removeprefix("vllm-")]}
         # Four pods start at once on the one emulated node (two simulators, two pickers): 3 to 4 minutes there on a
-        # loaded host (2026-12-07), so a wait of
-        # its own per pod, well over that.
+        # loaded host (2026-12-07),
+        # 484 s once with other work beside it: so a wait of its own per pod, over that.
         for model in NEW_POOLS:
             self.wait_for(f"{model}'s simulator Ready", lambda m=model: self.pool_pods(pools[m], ready=1), 600)
             self.wait_for(f"{model}'s picker Ready", lambda s=pickers[model]: self.ready_one(s), 600)

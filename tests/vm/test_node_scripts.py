@@ -194,6 +194,7 @@ def test_reboot_keeps_name_and_mount(vm, node):
     # The harness's reboot is a real one that keeps the root disk (checked here rather than on a VM of its own).
     assert vm.boot_id() != old_boot
     assert vm.ssh("cat /root/marker").stdout == "survived\n"
+    assert_os_intact(vm, node)
     assert vm.ssh(f"test -b {MD} && findmnt -n -o SOURCE {MOUNT}").stdout.strip().startswith("/dev/md")
     assert "md/models" in vm.ssh("mdadm --detail --scan").stdout
     assert sha(vm, f"{MOUNT}/model.bin") == node["file"]
@@ -310,13 +311,17 @@ def test_delete_scripts_keep_everything(vm, node):
 
 
 def test_missing_member_degraded_but_mounted(vm, node):
+    vm.ssh("echo before-detach > /root/detach-marker && sync")
     vm.stop()
     t = time.monotonic()
     vm.start(attach=[DISKS[0]])
-    # The harness boots (not resumes) with the detached disk's file kept and no trace of it in the guest.
+    # The harness boots (not resumes) the same root disk, with the detached disk's file kept and no trace of it in
+    # the guest.
     assert not vm.resumed and vm.attached == [DISKS[0]]
     ids = vm.ssh("ls /dev/disk/by-id/").stdout.split()
     assert f"virtio-{DISKS[0]}" in ids and f"virtio-{DISKS[1]}" not in ids
+    assert vm.ssh("readlink -f " + Vm.by_id(DISKS[0])).stdout.strip() == "/dev/vdb"
+    assert vm.ssh("cat /root/detach-marker").stdout == "before-detach\n"
     assert vm.disk_path(DISKS[1]).exists()
     # Debian leaves the incomplete array inactive; the mount step's boot unit starts it after ~15 s.
     deadline = time.monotonic() + 120
