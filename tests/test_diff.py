@@ -177,11 +177,16 @@ def test_a_step_body_change_is_named_and_nothing_rerun_means_no_table() -> None:
 def test_a_lib_change_on_a_clone_lists_every_step_of_the_node(clone: Path) -> None:
     lib = clone / "components" / "node" / "scripts" / "lib.sh"
     lib.write_text(lib.read_text() + "# a comment a release added\n")
+    subprocess.run([sys.executable, "-m", "tools.node_scripts"], cwd=clone, check=True, capture_output=True)
     result = run_diff(clone, "HEAD", "prod")
     assert result.returncode == 1, result.stderr
     rows = [line for line in result.stdout.splitlines() if line.startswith("| `k8s-worker-02` |")]
-    assert len(rows) == 8
-    assert all(row.endswith("| shared helpers (lib.sh) |") for row in rows), rows
+    assert len(rows) == 9  # every step, and the node's copy of the step files (a new version)
+    copy = "| `k8s-worker-02` | `steps` | step files (a new version) |"
+    assert copy in rows, rows
+    assert all(row.endswith("| shared helpers (lib.sh) |") for row in rows if row != copy), rows
+    # The copy step is a node step, counted once: not again among the other resources.
+    assert "| node steps | 0 | 9 | 0 | 0 |" in result.stdout and "| other resources | 0 | 0 | 0 | 0 |" in result.stdout
 
 
 # ---------------------------------------------------------------------------- renames and restarts (issue 23)

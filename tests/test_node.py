@@ -68,14 +68,62 @@ def test_raw_scripts_are_shellcheck_clean_and_strict():
 
 
 def test_rendered_scripts_are_shellcheck_clean(prod, tmp_path):
+    """Each Command as sent, and all a step runs as one script (the Command, then the linked file it sources)."""
     paths = []
+    shown = node_scripts(prod)
     for name, cmd in commands(prod).items():
-        for field in ("create", "delete"):
+        for field, text in (("create", cmd.inputs["create"]), ("delete", cmd.inputs["delete"]),
+                            ("full", shown[f"nodes/{NODE}/{name}.sh"])):
             path = tmp_path / f"{name}.{field}.sh"
-            path.write_text(cmd.inputs[field])
+            path.write_text(text)
             paths.append(path)
-    assert len(paths) == 16
+    assert len(paths) == 24
     shellcheck(*paths)
+
+
+def test_the_linked_snapshot_is_what_the_generator_makes():
+    """components/node/linked/ is what each node's copy step delivers: exactly `step_files()` (`make node-scripts`)."""
+    on_disk = {p.name: p.read_text() for p in node_steps.LINKED.glob("*.sh")}
+    assert on_disk == node_steps.step_files(), "run `make node-scripts` and commit components/node/linked/"
+
+
+def test_a_stale_snapshot_is_refused_before_any_node_is_touched(tmp_path, monkeypatch):
+    for name, text in node_steps.step_files().items():
+        (tmp_path / name).write_text(text)
+    monkeypatch.setattr(node_steps, "LINKED", tmp_path)
+    assert node_steps.checked_files() == node_steps.step_files()
+    (tmp_path / "30-raid.sh").write_text((tmp_path / "30-raid.sh").read_text() + "# edited by hand\n")
+    with pytest.raises(ValueError, match=r"^components/node/linked is not what components/node/scripts make \(30-raid.sh\): "
+                                         r"run `make node-scripts`"):
+        node_steps.checked_files()
+
+
+def invocation_in(folder: Path, create: str) -> str:
+    return create.replace(f"GS_STEPS_DIR={node_script.STEPS_DIR}\n", f"GS_STEPS_DIR={folder}\n")
+
+
+@pytest.mark.parametrize("damage", ["none", "missing", "changed"])
+def test_a_step_runs_only_the_file_its_command_names(prod, tmp_path, damage):
+    """The Command finds its linked script by sha256 among the copied versions and sources it; a file deleted or
+    edited on the node is refused with one ERROR line naming the copy step to run again, and nothing runs."""
+    create = commands(prod)["70-health"].inputs["create"]
+    version = tmp_path / "steps" / "0123456789abcdef" / "linked"
+    version.mkdir(parents=True)
+    stand_in = "#!/usr/bin/env bash\nset -euo pipefail\necho ran \"$GS_RAID_NAME\"\n"
+    # A stand-in body under the real name, and the Command's hash made to match it: what runs is what is named.
+    (version / "70-health.sh").write_text(stand_in)
+    named = re.sub(r"^GS_SCRIPT_SHA256=\S+$", f"GS_SCRIPT_SHA256={node_script.sha256(stand_in)}", create, flags=re.M)
+    if damage == "missing":
+        (version / "70-health.sh").unlink()
+    if damage == "changed":
+        (version / "70-health.sh").write_text(stand_in + "echo injected\n")
+    result = subprocess.run(["bash", "-c", invocation_in(tmp_path / "steps", named)], capture_output=True, text=True)
+    if damage == "none":
+        assert (result.returncode, result.stdout) == (0, "ran models\n"), result.stderr
+        return
+    assert result.returncode == 1 and result.stdout == ""
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("ERROR: no 70-health.sh with sha256 ") and f"{NODE}:steps" in line
 
 
 # systemctl verbs that return without waiting for a unit (every other one, and a verb in a variable,
@@ -147,16 +195,22 @@ def test_no_systemctl_in_a_step_waits_without_a_bound(prod):
     wait), in every rendered script and in every script file (lib.sh whole)."""
     texts = {f"{name}.{field}": cmd.inputs[field] for name, cmd in commands(prod).items() for field in ("create", "delete")}
     texts |= {f.name: f.read_text() for f in SCRIPTS.glob("*.sh")}
-    assert "systemctl restart" in texts["80-runtime.create"]  # the check sees the restarts it is about
+    texts |= {f"linked/{name}": text for name, text in node_steps.step_files().items()}
+    assert "systemctl restart" in texts["linked/80-runtime.sh"]  # the check sees the restarts it is about
     for name, text in texts.items():
         assert unbounded_systemctl(text) == [], name
 
 
-def test_rendered_files_are_exactly_the_create_scripts(prod):
+def test_rendered_files_are_the_commands_and_the_files_they_source(prod):
     files = node_scripts(prod)
     assert sorted(files) == [f"nodes/{NODE}/{s}.sh" for s in node_steps.STEP_PARAMS]
+    linked = node_steps.step_files()
     for name, cmd in commands(prod).items():
-        assert files[f"nodes/{NODE}/{name}.sh"] == cmd.inputs["create"]
+        create = cmd.inputs["create"]
+        assert files[f"nodes/{NODE}/{name}.sh"] == f"{create}# ---- sourced: components/node/linked/{name}.sh\n{linked[f'{name}.sh']}"
+        assert f"GS_SCRIPT_SHA256={node_script.sha256(linked[f'{name}.sh'])}" in create.splitlines()
+        # The Command carries its parameters and a name, not the script: a step costs the state about a kilobyte.
+        assert len(create) < 1500, (name, len(create))
 
 
 def lib_of(script: str) -> str:
@@ -168,8 +222,8 @@ def test_each_step_carries_the_helpers_it_calls_and_no_other(prod):
     functions = {name for name, _ in node_script.lib_parts(lib) if name}
     assert "".join(text for _, text in node_script.lib_parts(lib)) == lib
     assert len(functions) > 25
-    for step, cmd in commands(prod).items():
-        script = cmd.inputs["create"]
+    for step in commands(prod):
+        script = node_steps.step_files()[f"{step}.sh"]
         # What bash itself defines from the step's helpers, not what the selection thinks it kept.
         listed = subprocess.run(["bash", "-c", lib_of(script) + "\ndeclare -F"], capture_output=True, text=True, check=True)
         defined = {line.split()[-1] for line in listed.stdout.splitlines()}
@@ -201,9 +255,9 @@ def test_a_helper_change_re_runs_only_the_steps_that_call_it(helper: str, steps:
 def test_parameters_come_first_and_quoted(prod):
     create = commands(prod)["20-partition"].inputs["create"]
     lines = create.splitlines()
-    assert lines[:2] == ["#!/usr/bin/env bash", "set -euo pipefail"]
-    assert lines[3:6] == [f"GS_DISKS=({PROD_DISKS[0]} {PROD_DISKS[1]})", "GS_PART_NAME=gs-models", "GS_PART_BYTES=999999668224"]
-    body = create.split("# ---- 20-partition.sh\n", 1)[1]
+    assert lines[:3] == ["#!/usr/bin/env bash", "# shellcheck disable=SC2034", "set -euo pipefail"]
+    assert lines[4:7] == [f"GS_DISKS=({PROD_DISKS[0]} {PROD_DISKS[1]})", "GS_PART_NAME=gs-models", "GS_PART_BYTES=999999668224"]
+    body = node_steps.step_files()["20-partition.sh"].split("# ---- 20-partition.sh\n", 1)[1]
     assert body == (SCRIPTS / "20-partition.sh").read_text().split("set -euo pipefail\n", 1)[1]
 
 
@@ -363,9 +417,11 @@ def test_chain_retain_secret_outputs_and_timeouts(prod):
     assert list(cmds) == list(node_steps.STEP_PARAMS)
     urn = {name: cmd.urn for name, cmd in cmds.items()}
     disk = list(node_steps.DISK_STEPS)
+    (copy,) = [r for r in prod.of_type("command:remote:CopyToRemote") if r.name == f"{NODE}:steps"]
+    assert cmds[disk[0]].options["dependsOn"] == [copy.urn]
     for previous, step in itertools.pairwise(disk):
-        assert cmds[step].options["dependsOn"] == [urn[previous]]
-    assert "dependsOn" not in cmds["80-runtime"].options  # independent of the disks
+        assert cmds[step].options["dependsOn"] == [urn[previous], copy.urn]
+    assert cmds["80-runtime"].options["dependsOn"] == [copy.urn]  # independent of the disks
     for name in disk:
         assert cmds[name].options.get("retainOnDelete") is True, name
         assert "stdout" not in cmds[name].options.get("additionalSecretOutputs", []), name
@@ -402,16 +458,21 @@ def test_runtime_steps_run_one_node_at_a_time(render):
     r = render(nodes=nodes)
     runtime = {c.name.split(":")[0]: c for c in r.of_type(COMMAND) if c.name.endswith(":80-runtime")}
     assert sorted(runtime) == ["a-first", "gpu-a", "gpu-c", NODE]
-    assert "dependsOn" not in runtime["a-first"].options
+
+    def steps_before(command: Any) -> list[str]:
+        """What a step waits for besides its own node's copy of the step files."""
+        return [u for u in command.options.get("dependsOn", []) if "CopyToRemote" not in u]
+
+    assert steps_before(runtime["a-first"]) == []
     chain = ["a-first", "gpu-a", "gpu-c", NODE]  # gpu-b has no runtime step: skipped
     for previous, name in itertools.pairwise(chain):
-        assert runtime[name].options["dependsOn"] == [runtime[previous].urn], name
+        assert steps_before(runtime[name]) == [runtime[previous].urn], name
     preflight = next(c for c in r.of_type(COMMAND) if c.name == f"{NODE}:10-preflight")
-    assert "dependsOn" not in preflight.options
+    assert steps_before(preflight) == []
     # Reordering the config list does not change the chain.
     again = render(nodes=list(reversed(nodes)))
-    chained = {c.name: c.options.get("dependsOn") for c in again.of_type(COMMAND) if c.name.endswith(":80-runtime")}
-    assert chained == {c.name: c.options.get("dependsOn") for c in runtime.values()}
+    chained = {c.name: steps_before(c) for c in again.of_type(COMMAND) if c.name.endswith(":80-runtime")}
+    assert chained == {c.name: steps_before(c) for c in runtime.values()}
 
 
 def test_connection_uses_secret_keys_and_dial_retries(render):
@@ -439,19 +500,25 @@ def test_no_host_key_means_none_sent(render):
 
 
 def test_delete_scripts_keep_everything(prod, tmp_path):
+    linked = node_steps.step_files()["delete.sh"]
+    body = linked.split("# ---- delete.sh\n", 1)[1]
+    for word in ("mdadm --stop", "wipefs", "umount", "rm ", "parted", "mkfs", "systemctl"):
+        # Commands appear only inside the printed explanation, never as commands.
+        for line in body.splitlines():
+            assert not line.strip().startswith(word), line
+    folder = tmp_path / "steps" / "0123456789abcdef" / "linked"
+    folder.mkdir(parents=True)
+    (folder / "delete.sh").write_text(linked)
     for name, cmd in commands(prod).items():
         delete = cmd.inputs["delete"]
-        body = delete.split("# ---- delete.sh\n", 1)[1]
-        for word in ("mdadm --stop", "wipefs", "umount", "rm ", "parted", "mkfs", "systemctl"):
-            # Commands appear only inside the printed explanation, never as commands.
-            for line in body.splitlines():
-                stripped = line.strip()
-                assert not stripped.startswith(word), (name, line)
-        path = tmp_path / f"{name}.sh"
-        path.write_text(delete)
-        out = subprocess.run(["bash", str(path)], capture_output=True, text=True)
-        assert out.returncode == 0, out.stderr
-        assert "nothing on this node was changed" in out.stdout
+        # With the step files on the node it explains what it kept; without them (deleted by hand, a node rebuilt) it
+        # still ends well: a delete never stops the removal of a step or a stack.
+        for present in (True, False):
+            script = invocation_in(tmp_path / "steps" if present else tmp_path / "nowhere", delete)
+            out = subprocess.run(["bash", "-c", script], capture_output=True, text=True)
+            assert out.returncode == 0, out.stderr
+            assert "nothing on this node was changed" in out.stdout
+            assert ("Kept:" in out.stdout) is present, (name, out.stdout)
 
 
 def test_node_without_disks_has_only_runtime(render):

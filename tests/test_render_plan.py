@@ -51,7 +51,7 @@ def test_the_cli_prints_the_plan_between_the_count_and_the_secrets(tmp_path: Pat
     result = render_cli("prod", "--out", str(tmp_path / "out"))
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert lines[0].startswith("rendered prod: 32 resources, 19 Kubernetes objects, 13 files in ")
+    assert lines[0].startswith("rendered prod: 33 resources, 19 Kubernetes objects, 13 files in ")
     assert "\n".join(lines[1:-1]) + "\n" == PROD_PLAN
     assert lines[-1].startswith("needs: hfToken, ")
 
@@ -139,7 +139,7 @@ def test_quiet_prints_only_errors_with_the_same_exit_code(tmp_path: Path, flag: 
 
 def test_the_rendering_page_quotes_the_prod_plan() -> None:
     page = (ROOT / "docs" / "rendering.md").read_text()
-    assert "rendered prod: 32 resources, 19 Kubernetes objects, 13 files in rendered/prod\n" + PROD_PLAN + "needs: " in page
+    assert "rendered prod: 33 resources, 19 Kubernetes objects, 13 files in rendered/prod\n" + PROD_PLAN + "needs: " in page
 
 
 def test_with_local_storage_another_node_runs_no_model(render) -> None:  # type: ignore[no-untyped-def]

@@ -32,8 +32,10 @@ import yaml
 from tools.render import ROOT, ManifestDumper
 
 COMMAND = "command:remote:Command"
-# Inputs whose change makes pulumi_command run a step again (create, or update when set).
+COPY = "command:remote:CopyToRemote"
+# Inputs whose change makes pulumi_command run a step again (create, or update when set); a copy, copy again.
 RERUN_INPUTS = ("create", "update", "connection", "environment", "stdin", "triggers")
+COPY_INPUTS = ("remotePath", "source", "connection", "triggers")
 
 
 @dataclass(frozen=True)
@@ -174,7 +176,12 @@ def _rollout(deployment: dict[str, Any], replicas: int) -> tuple[str, bool]:
 
 
 def node_steps(snapshot: Snapshot) -> dict[str, dict[str, Any]]:
-    return {r["name"]: r for r in snapshot.resources.values() if r["type"] == COMMAND}
+    """A node's steps and its copy of the step files (`<node>:steps`), by name."""
+    return {r["name"]: r for r in snapshot.resources.values() if r["type"] in (COMMAND, COPY)}
+
+
+def _rerun_inputs(step: dict[str, Any]) -> tuple[str, ...]:
+    return COPY_INPUTS if step["type"] == COPY else RERUN_INPUTS
 
 
 def reruns(old: Snapshot, new: Snapshot) -> list[str]:
@@ -183,13 +190,16 @@ def reruns(old: Snapshot, new: Snapshot) -> list[str]:
     names = []
     for name, step in sorted(after.items()):
         previous = before.get(name)
-        if previous is None or any(previous["inputs"].get(k) != step["inputs"].get(k) for k in RERUN_INPUTS):
+        if previous is None or any(previous["inputs"].get(k) != step["inputs"].get(k) for k in _rerun_inputs(step)):
             names.append(name)
     return names
 
 
-# A rendered step script: header, a comment, the step's `GS_*=` parameters, `# ---- lib.sh`, the
-# shared helpers, `# ---- NN-step.sh`, the step's own body (components/node/script.py `render_script`).
+# A rendered step script: header, a comment, the step's `GS_*=` parameters, `# ---- run-step.sh` and the runner, then
+# the linked file it sources: `# ---- lib.sh`, the shared helpers, `# ---- NN-step.sh`, the step's own body
+# (components/node/script.py; tools/render/files.py `with_linked`).
+LINKING_PARAMS = frozenset({"GS_STEPS_DIR", "GS_SCRIPT", "GS_SCRIPT_SHA256", "GS_COPY_STEP"})
+"""Parameters that name the linked file: they change with it, and the reason is the file's change, not theirs."""
 STEP_MARKER = re.compile(r"^# ---- (\S+\.sh)\n", re.MULTILINE)
 
 
@@ -224,18 +234,28 @@ def rerun_reasons(old: Snapshot, new: Snapshot) -> dict[str, list[str]]:
             continue
         why = []
         was, now = previous["inputs"], after[name]["inputs"]
+        if after[name]["type"] == COPY:
+            # Its folder is named by the files' content: a new one means changed step files, copied beside the old.
+            why += ["step files (a new version)" if key == "remotePath" else key
+                    for key in COPY_INPUTS if was.get(key) != now.get(key) and key != "source"]
+            reasons[name] = why or ["step files"]
+            continue
         if was.get("create") != now.get("create"):
-            old_params, old_lib, old_body = script_parts(was.get("create") or "")
-            new_params, new_lib, new_body = script_parts(now.get("create") or "")
-            names = sorted(k for k in set(old_params) | set(new_params) if old_params.get(k) != new_params.get(k))
+            # What the node runs (the Command and the linked file it sources), as the render wrote it.
+            node, _, step = name.partition(":")
+            shown = f"nodes/{node}/{step}.sh"
+            old_params, old_lib, old_body = script_parts(old.scripts.get(shown) or was.get("create") or "")
+            new_params, new_lib, new_body = script_parts(new.scripts.get(shown) or now.get("create") or "")
+            names = sorted(k for k in set(old_params) | set(new_params)
+                           if old_params.get(k) != new_params.get(k) and k not in LINKING_PARAMS)
             if names:
                 why.append("parameters " + ", ".join(names))
             if old_lib != new_lib:
                 why.append("shared helpers (lib.sh)")
             if old_body != new_body:
                 why.append("step script")
-            if not why:
-                why.append("script header")
+            if not why:  # the same step: the Command around it (its header, the runner) changed
+                why.append("runner")
         why += [key for key in RERUN_INPUTS if key != "create" and was.get(key) != now.get(key)]
         reasons[name] = why
     return reasons
@@ -274,10 +294,8 @@ COUNTED = ("Kubernetes objects", "node steps", "other resources")
 def report(old: Snapshot, new: Snapshot, base: str, stack: str, note: str = "") -> tuple[str, bool]:
     objects = compare_objects(old.objects, new.objects)
     steps = compare(node_steps(old), node_steps(new))
-    others = compare(
-        {u: r for u, r in old.resources.items() if not r["type"].startswith("kubernetes:") and r["type"] != COMMAND},
-        {u: r for u, r in new.resources.items() if not r["type"].startswith("kubernetes:") and r["type"] != COMMAND},
-    )
+    others = compare(*({u: r for u, r in snap.resources.items()
+                        if not r["type"].startswith("kubernetes:") and r["type"] not in (COMMAND, COPY)} for snap in (old, new)))
     rerun = reruns(old, new)
     differs = bool(objects or steps or others or old.scripts != new.scripts)
     lines = [f"## `{stack}`: working tree against `{base}`", "", *([note, ""] if note else [])]

@@ -17,7 +17,8 @@ import pulumi_kubernetes as k8s
 
 from components.node.labels import node_labels, node_taints
 from components.node.reports import health_warning, storage_outputs
-from components.node.steps import RUNTIME_STEP, steps
+from components.node.script import STEPS_DIR
+from components.node.steps import COPY_STEP, LINKED, RUNTIME_STEP, checked_files, files_version, steps
 from stacks.config import ClusterConfig, Node
 
 # mkfs, initramfs rebuilds (~90 s on a small VM, minutes on a big node) and resizes can be slow.
@@ -81,8 +82,20 @@ class GpuNode(pulumi.ComponentResource):
             per_dial_timeout=PER_DIAL_TIMEOUT,
         )
         self.commands = {}
-        for step in steps(node, cluster):
-            depends = [self.commands[d] for d in step.depends_on] + list(args.extra_depends_on)
+        node_steps = steps(node, cluster)
+        files = checked_files()
+        # The linked scripts, once per node (a folder archive: the state keeps its path and hash, not its text).
+        # A new version goes to a folder of its own, so a step still running from the old one is never cut.
+        copied = command.remote.CopyToRemote(
+            f"{node.name}:{COPY_STEP}",
+            connection=connection,
+            # Relative to the project (the program's working folder): the same path in every checkout's state.
+            source=pulumi.FileArchive(f"components/node/{LINKED.name}"),
+            remote_path=f"{STEPS_DIR}/{files_version(files)}",
+            opts=pulumi.ResourceOptions(parent=self, depends_on=list(args.extra_depends_on)),
+        ) if node_steps else None
+        for step in node_steps:
+            depends = [self.commands[d] for d in step.depends_on] + list(args.extra_depends_on) + ([copied] if copied else [])
             if step.name == RUNTIME_STEP and args.runtime_after is not None:
                 depends.append(args.runtime_after)
             self.commands[step.name] = command.remote.Command(

@@ -1,13 +1,17 @@
-"""The text of one node step: its script file, linked with its parameters and the helpers it calls.
+"""The text of one node step: its script file, linked with the helpers it calls, and the Command that runs it.
 
-The script a node receives is the file's shebang and `set -euo pipefail`, then the step's parameters
-as `shlex.quote`d assignments, then the shared helpers (`lib.sh`) the step calls, then the step's
-body. Nothing is spliced into the body, and the same parameters render byte-identical text.
+A step's linked script is `set -euo pipefail`, the shared helpers (`lib.sh`) the step calls, then the step's body:
+the same on every node, so the node receives it once (`linked_script`, delivered by the node's copy step) rather
+than in every Command. The Command (`render_invocation`) is the step's parameters as `shlex.quote`d assignments, the
+linked script's name and sha256, and `run-step.sh`, which finds that file by its hash and sources it. Nothing is
+spliced into a body, and the same parameters render byte-identical text. `render_script` is the whole text as one
+script (the offline render shows it; the VM tests run it).
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import re
 import shlex
 from pathlib import Path
@@ -112,3 +116,40 @@ def render_script(filename: str, params: dict[str, str | list[str]], with_lib: b
         parts += ["# ---- lib.sh\n", lib_for(body)]
     parts += [f"# ---- {filename}\n", body]
     return "".join(parts)
+
+
+RUNNER = "run-step.sh"
+STEPS_DIR = "/var/lib/gpu-serving/steps"
+"""Where the node's copy step puts the linked scripts, a folder per version (components/node/component.py)."""
+
+
+def linked_script(filename: str) -> str:
+    """What the node receives for a step, the same on every node: header, the lib.sh helpers it calls, its body."""
+    body = _body(filename)
+    return "".join([HEADER, ORIGIN.format(filename=filename), "# ---- lib.sh\n", lib_for(body), f"# ---- {filename}\n", body])
+
+
+def sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def linked_delete() -> str:
+    """delete.sh as the node receives it: it calls no helper."""
+    return "".join([HEADER, ORIGIN.format(filename="delete.sh"), "# ---- delete.sh\n", _body("delete.sh")])
+
+
+def render_invocation(filename: str, params: dict[str, str | list[str]], copy_step: str, *, delete: bool = False) -> str:
+    """The Command of a step: its parameters, which linked script (by name and sha256), and the runner. It changes
+    only when the step's own linked text or its parameters do."""
+    text = linked_delete() if delete else linked_script(filename)
+    named = {**params, "GS_STEPS_DIR": STEPS_DIR, "GS_SCRIPT": filename, "GS_SCRIPT_SHA256": sha256(text), "GS_COPY_STEP": copy_step}
+    if delete:
+        named["GS_IF_MISSING"] = "note"
+    # Its comments stay in the file: in every Command of every node they would be bytes of the state and nothing else.
+    runner = "".join(line for line in _body(RUNNER).splitlines(keepends=True)
+                     if not line.startswith("#") or line.startswith("# shellcheck"))
+    # The parameters are read by the sourced script, which shellcheck cannot follow from here (a directive before the
+    # first command holds for the whole file).
+    shebang, strict = HEADER.splitlines(keepends=True)
+    return "".join([shebang, "# shellcheck disable=SC2034\n", strict, ORIGIN.format(filename=filename), assignments(named),
+                    f"# ---- {RUNNER}\n", runner])

@@ -1,10 +1,13 @@
 """A node's steps and the exact text of each one's scripts: stack config in, scripts out, no Pulumi.
 
 Each step is one real bash script in `scripts/` (shellcheck-clean, idempotent, "unchanged" when
-there is nothing to do), rendered by `script.render_script`. A Command re-runs when its inputs
-change, so each step's script carries only the parameters it needs (see `STEP_PARAMS`): changing
-the mountpoint re-runs (read-only) preflight, mount and health, never the disk steps; raising the
-size re-runs preflight, partition (which keeps the partition) and grow.
+there is nothing to do), linked with the lib.sh helpers it calls (`script.linked_script`). The linked
+scripts are the same on every node: a node receives them once, by its copy step (`step_files`, kept as
+snapshot files in `linked/`), and each step's Command carries only its parameters and the sha256 of its
+linked script (`script.render_invocation`). A Command re-runs when its inputs change, so each step
+carries only the parameters it needs (see `STEP_PARAMS`): changing the mountpoint re-runs (read-only)
+preflight, mount and health, never the disk steps; raising the size re-runs preflight, partition
+(which keeps the partition) and grow; a change of a helper re-runs the steps that call it.
 
 Steps, chained with depends_on (runtime is independent of the disks):
     10-preflight  read-only checks, one JSON line
@@ -19,11 +22,17 @@ Steps, chained with depends_on (runtime is independent of the disks):
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
+from pathlib import Path
 
-from components.node.script import render_script
+from components.node.script import linked_delete, linked_script, render_invocation, render_script
 from stacks.config import ClusterConfig, Node
 
+LINKED = Path(__file__).resolve().parent / "linked"
+"""The snapshot of `step_files()`: what the copy step delivers (tests keep the two equal; `make node-scripts` writes it)."""
+COPY_STEP = "steps"
+"""The copy step's name after `<node>:`."""
 DISK_STEPS = ("10-preflight", "20-partition", "30-raid", "40-filesystem", "50-mount", "60-grow", "70-health")
 RUNTIME_STEP = "80-runtime"
 
@@ -88,6 +97,9 @@ class Step:
     name: str
     """`NN-step`; the Command is named `<node>:<name>`."""
     create: str
+    """The Command's text: parameters, the linked script's name and sha256, the runner."""
+    full: str
+    """All the node runs for it as one script (parameters, helpers, body): the offline render shows it."""
     delete: str
     disk: bool
     secret_outputs: bool
@@ -109,8 +121,9 @@ def steps(node: Node, cluster: ClusterConfig) -> list[Step]:
         result.append(
             Step(
                 name=name,
-                create=render_script(f"{name}.sh", own),
-                delete=render_script("delete.sh", kept, with_lib=False),
+                create=render_invocation(f"{name}.sh", own, f"{node.name}:{COPY_STEP}"),
+                full=render_script(f"{name}.sh", own),
+                delete=render_invocation("delete.sh", kept, f"{node.name}:{COPY_STEP}", delete=True),
                 disk=disk,
                 secret_outputs=name in SECRET_OUTPUT_STEPS,
                 depends_on=(previous,) if disk and previous else (),
@@ -119,3 +132,28 @@ def steps(node: Node, cluster: ClusterConfig) -> list[Step]:
         if disk:
             previous = name
     return result
+
+
+def step_files() -> dict[str, str]:
+    """Every step's linked script by file name: what each node's copy step delivers, the same on every node."""
+    return {f"{name}.sh": linked_script(f"{name}.sh") for name in (*DISK_STEPS, RUNTIME_STEP)} | {"delete.sh": linked_delete()}
+
+
+def checked_files() -> dict[str, str]:
+    """`step_files()`, refused when the snapshot the copy step delivers differs: a node would then hold files whose
+    hashes its Commands do not name, and every step would stop with an ERROR line."""
+    files = step_files()
+    on_disk = {p.name: p.read_text() for p in LINKED.glob("*.sh")}
+    if on_disk != files:
+        stale = sorted(n for n in set(files) | set(on_disk) if files.get(n) != on_disk.get(n))
+        raise ValueError(f"components/node/linked is not what components/node/scripts make ({', '.join(stale)}): "
+                         "run `make node-scripts` and commit the folder")
+    return files
+
+
+def files_version(files: dict[str, str]) -> str:
+    """The folder the copy step puts them in on the node: a new version never overwrites the one steps ran from."""
+    digest = hashlib.sha256()
+    for name, text in sorted(files.items()):
+        digest.update(f"{name}\0{len(text)}\0".encode() + text.encode())
+    return digest.hexdigest()[:16]

@@ -226,7 +226,8 @@ def ssh_standin(nodes: list[str], log: Path) -> Iterator[dict[str, int]]:
     beside the log: a pipe nobody reads would stop it once full."""
     errors = log.with_suffix(".err")
     with errors.open("w") as stderr:
-        process = subprocess.Popen([SYSTEM_PYTHON, "-m", "testbed.standins.ssh", "--nodes", ",".join(nodes), "--log", str(log)],
+        process = subprocess.Popen([SYSTEM_PYTHON, "-m", "testbed.standins.ssh", "--nodes", ",".join(nodes), "--log", str(log),
+                                    "--files", str(log.with_suffix(".files"))],
                                    cwd=ROOT, stdout=subprocess.PIPE, stderr=stderr, text=True)
     try:
         line = process.stdout.readline() if process.stdout else ""

@@ -1,6 +1,6 @@
 """A stand-in for a fleet of SSH hosts, said to be one: on 127.0.0.1, one port per node, running nothing.
 
-    python3 -m testbed.standins.ssh --nodes gpu-00,gpu-01 --log sessions.jsonl [--seconds S]
+    python3 -m testbed.standins.ssh --nodes gpu-00,gpu-01 --log sessions.jsonl --files DIR [--seconds S]
 
 For the real-engine benchmark's `pulumi up` of a generated stack: the node steps are
 `remote.Command`s that must reach a host, and the machine has neither 32 nodes nor disks to
@@ -9,6 +9,8 @@ the script sent is read only for the step's name (its `# gpu-serving: components
 line) and never run. Any user is let in without authentication. One JSON line per session goes to
 `--log` (node, step, start and end times), so a benchmark can tell how many Commands ran and how
 many nodes had their steps running side by side. Once listening it prints `{"node": port, ...}` on one line.
+Files copied to a node (its copy of the step files, over SFTP) land under `--files`/<node>/, that node's SFTP root,
+and each SFTP session is logged as the step `copy`.
 
 It runs under Debian's python3 with Debian's python3-asyncssh (testbed/vm/install-host-deps.sh):
 the project's venv stays free of an SSH server library. It cannot show a real login's cost, a
@@ -25,6 +27,7 @@ import re
 import sys
 import time
 import warnings
+from pathlib import Path
 from typing import IO, Any
 
 STEP = re.compile(r"^# gpu-serving: components/node_scripts/(\S+)\.sh", re.MULTILINE)
@@ -66,7 +69,7 @@ def read_log(path: Any) -> list[dict[str, Any]]:
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
-async def serve(nodes: list[str], log: IO[str], seconds: float) -> None:
+async def serve(nodes: list[str], log: IO[str], seconds: float, files: Path) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # asyncssh's import warns about ciphers it will not be asked for
         import asyncssh
@@ -87,10 +90,22 @@ async def serve(nodes: list[str], log: IO[str], seconds: float) -> None:
 
         return run
 
+    def sftp(node: str) -> Any:
+        root = files / node
+        root.mkdir(parents=True, exist_ok=True)
+
+        def factory(channel: Any) -> Any:
+            log.write(json.dumps({"node": node, "step": "copy", "start": time.time(), "end": time.time()}) + "\n")
+            log.flush()
+            return asyncssh.SFTPServer(channel, chroot=str(root))
+
+        return factory
+
     key = asyncssh.generate_private_key("ssh-ed25519")
     ports = {}
     for node in nodes:
-        server = await asyncssh.create_server(Server, "127.0.0.1", 0, server_host_keys=[key], process_factory=session(node))
+        server = await asyncssh.create_server(Server, "127.0.0.1", 0, server_host_keys=[key], process_factory=session(node),
+                                              sftp_factory=sftp(node))
         ports[node] = server.sockets[0].getsockname()[1]
     print(json.dumps(ports), flush=True)
     await asyncio.Event().wait()
@@ -101,9 +116,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", required=True, type=lambda text: [n for n in text.split(",") if n])
     parser.add_argument("--log", required=True)
     parser.add_argument("--seconds", type=float, default=0.0, help="how long each exec takes before it exits 0")
+    parser.add_argument("--files", required=True, type=Path, help="the nodes' SFTP roots, a folder each")
     args = parser.parse_args(argv)
     with open(args.log, "a") as log, contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(args.nodes, log, args.seconds))
+        asyncio.run(serve(args.nodes, log, args.seconds, args.files))
     return 0
 
 

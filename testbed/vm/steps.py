@@ -1,5 +1,6 @@
 """The node steps a VM test runs: the prod stack's node, its storage pointed at the VM's disks,
-rendered offline (tools/render/, the SDK's mock engine) exactly as `pulumi up` would send them."""
+rendered offline (tools/render/, the SDK's mock engine) as `pulumi up` would send them, each made one script with the
+linked file it sources (`self_contained`): what the node runs for the step, without its copy step."""
 
 from __future__ import annotations
 
@@ -22,9 +23,10 @@ def prod_node() -> dict[str, Any]:
 
 
 def rendered_steps(
-    storage: dict[str, Any], *, runtime: str = "containerd", deployed: dict[str, Any] | None = None
+    storage: dict[str, Any], *, runtime: str = "containerd", deployed: dict[str, Any] | None = None, as_sent: bool = False
 ) -> dict[str, dict[str, str]]:
-    """{step: {"create": script, "delete": script}} of the prod stack's node with ``storage``."""
+    """{step: {"create": script, "delete": script}} of the prod stack's node with ``storage``: each made self-contained,
+    or ``as_sent`` (the Commands' own text, which needs the node's copy of the step files: `install_step_files`)."""
     config = prod_config()
     nodes = config["gpu-serving:nodes"]
     nodes[0]["storage"] = storage
@@ -37,10 +39,50 @@ def rendered_steps(
     for cmd in render.of_type("command:remote:Command"):
         node, _, step = cmd.name.partition(":")
         if node == nodes[0]["name"]:
-            steps[step] = {"create": cmd.inputs["create"], "delete": cmd.inputs["delete"]}
+            made = (lambda text: text) if as_sent else self_contained
+            steps[step] = {"create": made(cmd.inputs["create"]), "delete": made(cmd.inputs["delete"])}
     return steps
+
+
+def self_contained(command: str) -> str:
+    """A step's Command with its runner replaced by the linked file the runner would find and source: the parameters,
+    then `# ---- lib.sh`, the helpers, `# ---- NN-step.sh`, the body (components/node/script.py)."""
+    import re
+
+    from components.node.script import RUNNER
+    from components.node.steps import step_files
+
+    head, marker, _ = command.partition(f"# ---- {RUNNER}\n")
+    found = re.search(r"^GS_SCRIPT=(\S+)$", head, re.M)
+    if not marker or not found:
+        raise ValueError("not a step's Command: no runner or no GS_SCRIPT")
+    linked = step_files()[found.group(1)]
+    return head + linked.split("\n", 3)[3]  # its shebang, `set -euo pipefail` and origin line are the Command's
 
 
 def create_scripts(storage: dict[str, Any], **kwargs: Any) -> dict[str, str]:
     """{step: create script}: what each step runs on `pulumi up`."""
     return {step: scripts["create"] for step, scripts in rendered_steps(storage, **kwargs).items()}
+
+
+def install_step_files(vm: Any) -> str:
+    """What a node's copy step delivers (components/node/linked/ under its version's folder), put on a test VM so the
+    rendered Commands find their linked scripts as on a node; returns that folder."""
+    import io
+    import shlex
+    import tarfile
+
+    from components.node.script import STEPS_DIR
+    from components.node.steps import files_version, step_files
+
+    files = step_files()
+    folder = f"{STEPS_DIR}/{files_version(files)}/linked"
+    archive = io.BytesIO()
+    with tarfile.open(fileobj=archive, mode="w") as tar:
+        for name, text in sorted(files.items()):
+            data = text.encode()
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), 0o644
+            tar.addfile(info, io.BytesIO(data))
+    vm.ssh(f"mkdir -p {shlex.quote(folder)} && tar -x -C {shlex.quote(folder)}", input=archive.getvalue())
+    return folder

@@ -7,7 +7,8 @@ the mount step wrote (fstab, the boot unit and its helper, the unit enabled) thr
 after it (issue 25: fsync of the unit files). Issue 44: mdadm.conf lines that would keep the array
 from being assembled at boot (each checked against mdadm by stopping the array and replaying udev's
 add events; the power cut then boots a DEVICE line fixed as the refusal said), and fstab lines of
-another filesystem for the mountpoint under any spelling of its path.
+another filesystem for the mountpoint under any spelling of its path. Issue 40: a step's Command as
+`pulumi up` sends it, with the node's copy of the step files as delivered, changed, deleted and made again.
 
 One VM with two blank 4 GiB disks. The record tests use a small scratch array on loop devices in
 the guest, so only the filesystem step runs on it. Skipped unless GS_VM_TESTS=1
@@ -23,7 +24,7 @@ from typing import Any
 import pytest
 
 from testbed.vm import Vm
-from testbed.vm.steps import create_scripts
+from testbed.vm.steps import create_scripts, install_step_files, rendered_steps
 
 DISKS = ("gs-disk-a", "gs-disk-b")
 CONF = "/etc/mdadm/mdadm.conf"
@@ -53,7 +54,7 @@ def node(vm: Vm) -> dict[str, Any]:
         result = vm.ssh(steps[name], check=False, timeout=900)
         assert result.returncode == 0, (name, result.stdout, result.stderr)
         reports[name] = report(result.stdout)
-    return {"steps": steps, "reports": reports, "scratch": create_scripts({**storage, "raidName": "scratch"})}
+    return {"steps": steps, "reports": reports, "scratch": create_scripts({**storage, "raidName": "scratch"}), "storage": storage}
 
 
 def conf_lines(vm: Vm) -> list[str]:
@@ -79,6 +80,35 @@ def test_an_array_line_without_a_final_newline_is_still_found(vm: Vm, node: dict
 
 
 # ------------------------------------------------------------ mdadm.conf lines that keep the array down at boot (#44)
+
+
+def test_a_command_as_sent_runs_the_delivered_file_its_hash_names_and_no_other(vm: Vm, node: dict[str, Any]) -> None:
+    # Issue 40: a node receives the step files once (its copy step); each Command carries its parameters, the file's
+    # name and sha256, and run-step.sh. The other tests run each step made one script (testbed/vm/steps.py).
+    sent = rendered_steps(node["storage"], as_sent=True)
+    folder = install_step_files(vm)
+    result = vm.ssh(sent["50-mount"]["create"], check=False, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert report(result.stdout)["result"] == "unchanged", result.stdout
+
+    # Changed on the node: refused, and the changed text is never run.
+    vm.ssh(f"echo 'echo gs-changed-file-ran >&2' >> {folder}/50-mount.sh")
+    result = vm.ssh(sent["50-mount"]["create"], check=False, timeout=300)
+    assert result.returncode == 1 and "gs-changed-file-ran" not in result.stdout + result.stderr, result
+    assert len(errors(result.stderr)) == 1 and "pulumi up --replace" in result.stderr, result.stderr
+
+    # Deleted: a step is refused the same way; a delete (of a step or the stack) notes it and ends 0.
+    vm.ssh(f"rm -r {folder}")
+    result = vm.ssh(sent["70-health"]["create"], check=False, timeout=300)
+    assert result.returncode == 1 and len(errors(result.stderr)) == 1, result
+    result = vm.ssh(sent["50-mount"]["delete"], check=False, timeout=300)
+    assert result.returncode == 0 and "nothing on this node was changed" in result.stdout, result
+    assert vm.ssh("findmnt -n -o SOURCE /mnt/models", check=False).returncode == 0
+
+    # The copy made again (what `pulumi up --replace` of the copy step does): the same Command runs.
+    install_step_files(vm)
+    result = vm.ssh(sent["70-health"]["create"], check=False, timeout=300)
+    assert result.returncode == 0, result.stderr
 
 
 def members(vm: Vm) -> list[str]:

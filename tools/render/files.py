@@ -101,6 +101,17 @@ def _create_hint(obj: dict[str, Any]) -> str:
     return f"Secret {namespace}/{name} (keys {', '.join(keys)}): kubectl -n {namespace} create secret generic {name} {files}"
 
 
+def with_linked(create: str) -> str:
+    """A step's Command and, after it, the linked script it sources (components/node/linked/, what the node's copy
+    step delivered): all the node runs for the step, so `make diff` shows a helper's change in every step it reaches."""
+    found = re.search(r"^GS_SCRIPT=(\S+)$", create, re.M)
+    if not found:
+        return create
+    from components.node.steps import LINKED
+
+    return f"{create}# ---- sourced: components/node/linked/{found.group(1)}\n{(LINKED / found.group(1)).read_text()}"
+
+
 def node_scripts(render: Render) -> dict[str, str]:
     """`nodes/<node>/NN-<step>.sh` → the script text a node step sends, from each Command's inputs."""
     scripts = {}
@@ -108,7 +119,7 @@ def node_scripts(render: Render) -> dict[str, str]:
         node, _, step = command.name.partition(":")
         text = command.inputs.get("create")
         if step and isinstance(text, str):
-            scripts[f"nodes/{node}/{step}.sh"] = text
+            scripts[f"nodes/{node}/{step}.sh"] = with_linked(text)
     return dict(sorted(scripts.items()))
 
 

@@ -61,7 +61,22 @@ def deserialize(struct: Any) -> dict[str, Any]:
     """A registration's protobuf properties as plain values: unknowns kept, secrets left in their envelope."""
     from pulumi.runtime import rpc
 
-    return rpc.deserialize_properties(struct, keep_unknowns=True)
+    return dict(_plain(rpc.deserialize_properties(struct, keep_unknowns=True)))
+
+
+def _plain(value: Any) -> Any:
+    """Assets and archives as the engine's state keeps a path-based one: its path (the engine adds the hash)."""
+    import pulumi
+
+    if isinstance(value, pulumi.FileArchive):
+        return {"archive": {"path": value.path}}
+    if isinstance(value, pulumi.FileAsset):
+        return {"asset": {"path": value.path}}
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
 
 
 def run_under_mocks(program: Callable[[], Any], mocks: Any, *, project: str, stack: str, organization: str,
