@@ -16,13 +16,14 @@ PYTHON_MIN := 3.11
 CHECKOV_VENV := .venv-checkov
 CHECKOV := $(CHECKOV_VENV)/bin/checkov
 
-.PHONY: help venv python-version render test docs node-scripts docs-site checkers test-vm lint policy-check diff checkov lab-vm lab-vm-stop bench bench-vm bench-engine engine e2e cluster cluster-stop clean
+.PHONY: help venv python-version render test docs node-scripts package-args docs-site checkers test-vm lint policy-check diff checkov lab-vm lab-vm-stop bench bench-vm bench-engine engine e2e cluster cluster-stop clean
 
 help:
 	@echo "make render [STACK=prod]   render the stack offline into rendered/<stack>/ and print its plan (DEPLOYED=outputs.json: against a deployed stack)"
 	@echo "make test                  run the test suite, checkov included (creates ./venv and .venv-checkov on first use)"
 	@echo "make docs                  regenerate the generated pages: docs/configuration.md, the rules of docs/policy.md"
 	@echo "make node-scripts          write components/node/linked/ (the node steps as each node receives them) after a script change"
+	@echo "make package-args          write package/args.py (the component package's argument types) after a change of the config models"
 	@echo "make docs-site             build the documentation site into site/ (mkdocs, strict: a broken link fails)"
 	@echo "make test-vm               run the node scripts on a throwaway qemu VM (slow)"
 	@echo "make checkers              build promtool and fetch the CRD schemas the tests check against (cached; make test runs it)"
@@ -87,6 +88,10 @@ docs: $(STAMP)
 # The node steps' linked scripts, as each node's copy step delivers them (tests/test_node.py fails when stale).
 node-scripts: $(STAMP)
 	$(PY) -m tools.node_scripts
+
+# The component package's argument types, from the config models (tests/test_package.py fails when stale).
+package-args: $(STAMP)
+	$(PY) -m tools.package_args
 
 docs-site: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site

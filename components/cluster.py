@@ -27,7 +27,8 @@ def applied_annotations(cluster: ClusterConfig, annotations: dict[str, str] | No
     return merged or None
 
 
-def kubernetes_provider(cluster: ClusterConfig, kubeconfig_secret: pulumi.Input[str] | None = None) -> k8s.Provider:
+def kubernetes_provider(cluster: ClusterConfig, kubeconfig_secret: pulumi.Input[str] | None = None,
+                        parent: pulumi.Resource | None = None) -> k8s.Provider:
     """Always an explicit provider: a stack never deploys to whatever the ambient kubeconfig points at.
     With `renderYamlTo` the provider writes YAML into that folder and talks to no cluster. Its kubeconfig
     is given as "" (none): left out, the SDK takes the shell's `KUBECONFIG`, and the provider then
@@ -35,7 +36,7 @@ def kubernetes_provider(cluster: ClusterConfig, kubeconfig_secret: pulumi.Input[
     `kubeconfig_secret` is the text of the secret `cluster.kubeconfig.secret` names (None without one)."""
     if cluster.render_yaml_to is not None:
         return k8s.Provider("kubernetes", render_yaml_to_directory=cluster.render_yaml_to, namespace=cluster.namespace,
-                            kubeconfig="")
+                            kubeconfig="", opts=pulumi.ResourceOptions(parent=parent))
     source = cluster.kubeconfig
     assert source is not None  # the config requires one of the two
     if source.secret:
@@ -51,6 +52,7 @@ def kubernetes_provider(cluster: ClusterConfig, kubeconfig_secret: pulumi.Input[
         # changes, deleting it first (its name is fixed), and Envoy Gateway refuses the team's requests until it is
         # back. Only with the teams' endpoint, so that other stacks' provider stays as it was.
         enable_secret_mutable=True if cluster.endpoint is not None else None,
+        opts=pulumi.ResourceOptions(parent=parent),
     )
 
 

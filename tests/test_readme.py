@@ -39,6 +39,8 @@ RUN_HERE = (
 # Commands another test or e2e runs in the form given: (file, the text in it that runs the command).
 # The file must still hold that text, so a test that stops running it shows up here.
 RUN_ELSEWHERE = {
+    # In each example of the component package, after `pulumi package add` of its folder (below).
+    "pulumi preview": ("testbed/e2e/package_checks.py", '"preview", "--json", stack="lab", cwd=folder'),
     "make diff BASE=origin/main STACK=prod":
         ("tests/test_diff.py", '"diff", "BASE=HEAD", "STACK=prod"'),  # through make on a clone; BASE=HEAD there
     "pulumi stack init prod --secrets-provider passphrase":
@@ -64,6 +66,9 @@ RUN_ELSEWHERE = {
 # Commands no test can run here, and why. Keep the reason true; a command leaving the docs must
 # leave this list too (checked below).
 NEEDS_A_REAL_SETUP = {
+    "pulumi package add https://github.com/<org>/gpu-serving.git/package@v0.1.0":
+        "a git host with the repository and its tag: none is reachable here; e2e (package-preview) runs `pulumi package add` "
+        "with the package's folder, which is what the clone gives",
     'curl https://apps.ai.example.com/v1/models -H "Authorization: Bearer $APPS_KEY"':
         "needs Envoy Gateway with Envoy AI Gateway in front of the pools: no Envoy can be had here (docs/endpoint.md)",
     'curl https://apps.ai.example.com/v1/chat/completions -H "Authorization: Bearer $APPS_KEY" -H \'Content-Type: '
@@ -221,8 +226,8 @@ def test_every_link_to_a_section_leads_to_one() -> None:
 def test_the_contents_follow_the_order_an_operator_reads_in() -> None:
     text = readme()
     sections = re.findall(r"^## (.+)$", text, re.M)
-    assert sections == ["Who it is for", "Quick start", "Your own stack", "What `pulumi up` then does", "Documentation",
-                        "Contributing"]
+    assert sections == ["Who it is for", "Quick start", "Your own stack", "What `pulumi up` then does",
+                        "Use it from your own program", "Documentation", "Contributing"]
     # The Documentation table leads to every page of the site, and the site lists every page of docs/.
     table = text[text.index("## Documentation"):text.index("## Contributing")]
     linked = set(re.findall(r"^\| \[[^]]+\]\(docs/([^)#]+)\)", table, re.M))

@@ -1,5 +1,6 @@
-"""Secrets are read in one place: `__main__.py` reads each with `stacks.secret` and hands it to the
-component that uses it as an argument, so no component reads the stack's config on its own."""
+"""Secrets are read in one place: `__main__.py` hands `stacks.secret` to `components.stack.declare`, which reads each
+secret with it and hands it to the component that uses it as an argument, so no component reads the stack's config
+on its own (and the component package passes its consumer's secrets the same way)."""
 
 from __future__ import annotations
 

@@ -9,6 +9,7 @@ release never restarts every node's runtime at once and stops at the first node 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import pulumi
@@ -89,8 +90,7 @@ class GpuNode(pulumi.ComponentResource):
         copied = command.remote.CopyToRemote(
             f"{node.name}:{COPY_STEP}",
             connection=connection,
-            # Relative to the project (the program's working folder): the same path in every checkout's state.
-            source=pulumi.FileArchive(f"components/node/{LINKED.name}"),
+            source=pulumi.FileArchive(linked_path()),
             remote_path=f"{STEPS_DIR}/{files_version(files)}",
             opts=pulumi.ResourceOptions(parent=self, depends_on=list(args.extra_depends_on)),
         ) if node_steps else None
@@ -151,6 +151,16 @@ class GpuNode(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self, depends_on=labelled_after),
         )
         self.register_outputs({"storage": self.outputs, "nodeName": node.name})
+
+
+def linked_path() -> str:
+    """The linked scripts' folder as the state records it. Relative to the program's working folder when they are
+    under it (the project): the same path in every checkout's state. Absolute from the component package, whose
+    consumer program runs elsewhere; the command provider, which reads the folder at `up`, runs there too."""
+    try:
+        return LINKED.relative_to(Path.cwd().resolve()).as_posix()
+    except ValueError:
+        return str(LINKED)
 
 
 def labelled_for(nodes: dict[str, GpuNode], gpu_product: str) -> list[pulumi.Resource]:

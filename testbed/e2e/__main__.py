@@ -15,7 +15,8 @@ from pathlib import Path
 
 import testbed.e2e
 from testbed.e2e.cache_checks import CACHE_CHECKS
-from testbed.e2e.endpoint_checks import ENDPOINT_CHECKS, EndpointEndToEnd
+from testbed.e2e.endpoint_checks import ENDPOINT_CHECKS
+from testbed.e2e.package_checks import PACKAGE_CHECKS, PackageEndToEnd
 from testbed.e2e.real_cache import ALL_REAL_CHECKS, TwoNodeEndToEnd
 from testbed.e2e.run import copy_project, engine_env
 from tools.render import ROOT
@@ -53,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     (tmp / "project").mkdir()
     copy_project(tmp / "project")
 
-    run = EndpointEndToEnd(tmp, env, args.out, skip=args.skip)
+    run = PackageEndToEnd(tmp, env, args.out, skip=args.skip)
     # The prod stack's node is never reached (preview runs nothing): a throwaway key stands in.
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp / "canary-key")], check=True)
     run.canaries = {"hfToken": f"gs-canary-hfToken-{secrets.token_hex(8)}", "sshPrivateKey": (tmp / "canary-key").read_text()}
@@ -106,6 +107,11 @@ def main(argv: list[str] | None = None) -> int:
             run.check("second-up-no-changes-cluster", run.second_up_no_changes_cluster, needs=("up-cluster",))
             run.check("destroy-retains-pv", run.destroy_retains_pv, needs=("up-cluster",))
             run.check("destroy-and-re-up", run.destroy_and_re_up, needs=("destroy-retains-pv",))
+            # The component package from YAML and TypeScript: previews equal to the Python program's, a wrong arg
+            # refused, the YAML example's `up` on a kwok node the fit checks left free.
+            run.check(PACKAGE_CHECKS[0], run.package_preview, needs=("cluster-up",))
+            for name in PACKAGE_CHECKS[1:]:  # both on the examples the first made ready
+                run.check(name, getattr(run, name.replace("-", "_")), needs=PACKAGE_CHECKS[:1])
             # A stack of its own on the lab VM (its Kubernetes side as YAML): the Ansible role's array taken over.
             run.check("adopt-ansible", run.adopt_ansible, needs=("up-lab",))
             # Last, so that it also reads the cluster stack's state, where the HF token is a real Secret.

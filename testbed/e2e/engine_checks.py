@@ -229,7 +229,7 @@ class EndToEnd(Run):
     def no_secret_in_state(self) -> str:
         canaries = {key: needle(value) for key, value in self.canaries.items()}
         places = [p for p in (self.tmp / "state").rglob("*") if p.is_file()]
-        places += sorted(self.project.glob("Pulumi.*.yaml"))
+        places += sorted(self.project.glob("Pulumi.*.yaml")) + sorted(self.project.glob("examples/*/Pulumi.*.yaml"))
         places += [self.log, *sorted(self.yaml_prod.rglob("*")), *sorted(self.yaml_lab.rglob("*")),
                    *sorted((self.out / "rendered").rglob("*"))]
         leaks = []

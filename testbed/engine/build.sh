@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # make engine: build the real Pulumi engine (CLI, Python language host, kubernetes and command
-# providers) from pinned Go modules, cache the binaries outside the repo, and install them into the
-# project-local PULUMI_HOME (.pulumi-home/). A warm cache makes this a few seconds of checks.
+# providers; the YAML and Node.js language hosts for the component package's examples) from pinned
+# Go modules, cache the binaries outside the repo, and install them into the project-local
+# PULUMI_HOME (.pulumi-home/). A warm cache makes this a few seconds of checks.
 #
 # Where the module proxy serves no version of a piece (see versions.env), its source is, in order:
 #   1. the cache ($GS_CACHE/src/<commit>-<paths>.tar, written by an earlier build);
@@ -120,6 +121,32 @@ build_python_host() {
 	install -m 0755 "$dir/sdk/python/cmd/pulumi-language-python-exec" "$out/pulumi-language-python-exec"
 }
 
+build_nodejs_host() {
+	local out=$1 dir="$work/pulumi"
+	log "nodejs language host $PYTHON_HOST_TAG"
+	# The same checkout as the Python host's (pulumi/pulumi's sdk/), built the same way.
+	[[ -d $dir/sdk/nodejs ]] || git_tree "$GS_PULUMI_GIT" "$PYTHON_HOST_TAG" "$PYTHON_HOST_COMMIT" "$PYTHON_HOST_SRC_SHA256" "$dir" pkg sdk
+	(
+		cd "$dir/sdk/nodejs/cmd/pulumi-language-nodejs"
+		go build -trimpath -o "$out/pulumi-language-nodejs" \
+			-ldflags "-s -w -X github.com/pulumi/pulumi/sdk/v3/go/common/version.Version=$PYTHON_HOST_TAG" .
+	)
+}
+
+build_yaml_host() {
+	local out=$1 dir="$work/yaml"
+	log "yaml language host v$YAML_HOST_VERSION"
+	wrapper "$dir" "github.com/pulumi/pulumi-yaml@v$YAML_HOST_VERSION"
+	(
+		cd "$dir"
+		# yaml-host/main.go: pulumi-yaml's host with the engine's schema loader (why: its comment).
+		cp "$here/yaml-host/main.go" main.go
+		go mod tidy
+		go build -trimpath -o "$out/pulumi-language-yaml" \
+			-ldflags "-s -w -X github.com/pulumi/pulumi-yaml/pkg/version.Version=v$YAML_HOST_VERSION" .
+	)
+}
+
 build_kubernetes() {
 	local out=$1 dir="$work/kubernetes"
 	local module=github.com/pulumi/pulumi-kubernetes/provider/v4
@@ -158,25 +185,30 @@ build_command() {
 	)
 }
 
-# build NAME BINARY FUNCTION: run FUNCTION unless BINARY is cached; record its build time.
+# build NAME BINARY FUNCTION [DIR]: run FUNCTION unless DIR/bin/BINARY is cached (DIR: GS_ENGINE); record its
+# build time.
 build() {
-	local name=$1 binary=$2 fn=$3
-	[[ -x $GS_ENGINE/bin/$binary ]] && return 0
+	local name=$1 binary=$2 fn=$3 dir=${4:-$GS_ENGINE}
+	[[ -x $dir/bin/$binary ]] && return 0
 	local staging="$work/out-$name" start=$SECONDS
-	mkdir -p "$staging" "$GS_ENGINE/bin"
+	mkdir -p "$staging" "$dir/bin"
 	"$fn" "$staging"
 	chmod 0755 "$staging"/*
-	mv "$staging"/* "$GS_ENGINE/bin/"
-	printf '%s %s\n' "$name" $((SECONDS - start)) >>"$GS_ENGINE/build-seconds.txt"
+	mv "$staging"/* "$dir/bin/"
+	printf '%s %s\n' "$name" $((SECONDS - start)) >>"$dir/build-seconds.txt"
 	log "$name built in $((SECONDS - start)) s"
 }
 
-# `build.sh [cli|python-host|kubernetes|command]...` builds only those (and installs nothing).
-wanted=" ${*:-cli python-host kubernetes command} "
+# `build.sh [cli|python-host|kubernetes|command|yaml-host|nodejs-host]...` builds only those (and installs nothing).
+# The YAML and Node.js hosts run the component package's examples (docs/package.md); a folder of their own
+# (GS_HOSTS), so that a change of their pins rebuilds them alone.
+wanted=" ${*:-cli python-host kubernetes command yaml-host nodejs-host} "
 [[ $wanted == *" cli "* ]] && build cli pulumi build_cli
 [[ $wanted == *" python-host "* ]] && build python-host pulumi-language-python build_python_host
 [[ $wanted == *" kubernetes "* ]] && build kubernetes pulumi-resource-kubernetes build_kubernetes
 [[ $wanted == *" command "* ]] && build command pulumi-resource-command build_command
+[[ $wanted == *" yaml-host "* ]] && build yaml-host pulumi-language-yaml build_yaml_host "$GS_HOSTS"
+[[ $wanted == *" nodejs-host "* ]] && build nodejs-host pulumi-language-nodejs build_nodejs_host "$GS_HOSTS"
 (($# == 0)) || exit 0
 
 # Install into the project's PULUMI_HOME the way the CLI itself installs a plugin.
@@ -188,6 +220,12 @@ for plugin in "kubernetes=$KUBERNETES_VERSION" "command=$COMMAND_VERSION"; do
 		rm -rf "$PULUMI_HOME/plugins/resource-$name-v$version"
 		"$GS_ENGINE/bin/pulumi" plugin install resource "$name" "$version" --file "$GS_ENGINE/bin/pulumi-resource-$name" >/dev/null
 	fi
+done
+
+# The YAML and Node.js hosts beside the CLI: it looks for the language hosts it bundles there, and (with
+# PULUMI_IGNORE_AMBIENT_PLUGINS) nowhere else. Hard links: a symlink would point the hosts' own lookups elsewhere.
+for host in pulumi-language-yaml pulumi-language-nodejs; do
+	cmp -s "$GS_HOSTS/bin/$host" "$GS_ENGINE/bin/$host" || ln -f "$GS_HOSTS/bin/$host" "$GS_ENGINE/bin/$host"
 done
 
 log "ready: $GS_ENGINE/bin (PULUMI_HOME=$PULUMI_HOME)"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import runpy
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,12 +17,13 @@ from tools.render.stack_file import ROOT, add_missing_secrets, parsed_config, st
 
 def run_program(stack: str, root: Path = ROOT, overrides: dict[str, str] | None = None,
                 secret_values: dict[str, str] | None = None, stack_file: Path | None = None,
-                deployed: dict[str, Any] | None = None) -> Render:
+                deployed: dict[str, Any] | None = None, program: Callable[[], Any] | None = None) -> Render:
     """Run `__main__.py` once under mocks and record everything it declares.
 
     `overrides` replaces config values (tests); `secret_values` sets secret keys to real
     values (the secret canary test); other secrets the stack reads get placeholders.
-    `deployed` is what the stack's previous `pulumi up` exported (default: nothing yet).
+    `deployed` is what the stack's previous `pulumi up` exported (default: nothing yet). `program` runs instead of
+    `__main__.py` (the component package's tests: a program declaring its component).
     """
     import pulumi
 
@@ -62,7 +64,7 @@ def run_program(stack: str, root: Path = ROOT, overrides: dict[str, str] | None 
 
     sys.path.insert(0, str(root))
     try:
-        sdk.run_under_mocks(lambda: runpy.run_path(str(root / "__main__.py"), run_name="__main__"), Engine(),
+        sdk.run_under_mocks(program or (lambda: runpy.run_path(str(root / "__main__.py"), run_name="__main__")), Engine(),
                             project=project, stack=stack, organization="organization", logger=logger,
                             on_resource=lambda request, urn: render.resources.append(_resource(request, urn)),
                             on_stack_outputs=record_outputs)
