@@ -190,9 +190,11 @@ class ClusterArgs:
     adapter_rules: str | None = None
     """prometheus-adapter `config.yaml` for the models' HPAs (components.serving.adapter_rules); None: no ConfigMap."""
     hold_grant: dict[str, Any] | None = None
+    """The ReferenceGrant that lets HTTPRoutes reach the request hold's interceptor (components.serving.hold.reference_grant)."""
     servers_egress: dict[str, Any] | None = None
     """The namespace's egress NetworkPolicy of every serving pod (components.serving.servers_egress_policy)."""
-    """The ReferenceGrant that lets HTTPRoutes reach the request hold's interceptor (components.serving.hold.reference_grant)."""
+    servers_monitor: dict[str, Any] | None = None
+    """The namespace's PodMonitor of every serving pod (components.serving.servers_pod_monitor)."""
     nodes: tuple[Node, ...] = ()
     """The GPU nodes: those with `gpu.sharing` get the device plugin's and the MIG manager's configs written."""
     models: tuple[str, ...] = ()
@@ -244,6 +246,11 @@ class ClusterBase(pulumi.ComponentResource):
                 f"{name}-servers-egress", **args.servers_egress,
                 opts=pulumi.ResourceOptions(parent=self, depends_on=[namespace] if namespace is not None else []),
             ))
+        if args.servers_monitor is not None:
+            k8s.apiextensions.CustomResource(
+                f"{name}-servers-monitor", **args.servers_monitor,
+                opts=pulumi.ResourceOptions(parent=self, depends_on=[namespace] if namespace is not None else []),
+            )
         self.sharing_configs = self._sharing_configs(name, cluster, args.nodes)
         shared = time_slicing_configs(args.nodes)
         plugin = device_plugin(cluster, shared=shared)

@@ -16,7 +16,15 @@ from components.cluster import ClusterArgs, ClusterBase, applied_annotations, ku
 from components.endpoint import TeamEndpoint, TeamEndpointArgs
 from components.node import GpuNodeArgs, gpu_nodes, labelled_for
 from components.prerequisites import warn_missing
-from components.serving import VllmService, VllmServiceArgs, adapter_rules, needs_adapter_rules, reference_grant, servers_egress_policy
+from components.serving import (
+    VllmService,
+    VllmServiceArgs,
+    adapter_rules,
+    needs_adapter_rules,
+    reference_grant,
+    servers_egress_policy,
+    servers_pod_monitor,
+)
 from components.storage import ModelStorage, ModelStorageArgs
 from stacks.config import ROLLOUT_SALT_SECRET, StackConfig
 
@@ -34,7 +42,8 @@ def declare(config: StackConfig, secret: Callable[[str], pulumi.Output[str]], pa
     grant = reference_grant(config.cluster, config.models)
     cluster = ClusterBase("cluster", ClusterArgs(config.cluster, adapter_rules=rules, hold_grant=grant, nodes=tuple(config.nodes),
                                                    models=tuple(m.name for m in config.models),
-                                                   servers_egress=servers_egress_policy(config.cluster, config.models)),
+                                                   servers_egress=servers_egress_policy(config.cluster, config.models),
+                                                   servers_monitor=servers_pod_monitor(config.cluster, config.models)),
                           opts=kubernetes)
 
     cache_nodes = config.cache_nodes()  # modelStorage.type nodeCache: every one of them serves from its own array

@@ -87,7 +87,8 @@ class MonitoringArgs(TypedDict):
     """What the Prometheus Operator (kube-prometheus-stack) needs: it ignores `prometheus.io/*` annotations; and the
     dashboards its Grafana loads."""
     podMonitor: NotRequired[bool]
-    """A PodMonitor per model, so the operator's Prometheus scrapes `/metrics` (autoscaling and alerts read it)."""
+    """One PodMonitor (`gpu-serving-servers`) for every model's serving pods, so the operator's Prometheus scrapes
+    `/metrics` (autoscaling and alerts read it)."""
     alerts: NotRequired[bool]
     """A PrometheusRule per model: no pod ready, queue stalled (per pod), requests preempted, download Job failed."""
     labels: NotRequired[dict[str, str]]
@@ -210,7 +211,7 @@ class ClusterConfigArgs(TypedDict):
     runtimeClassName: NotRequired[str]
     """RuntimeClass of GPU pods (e.g. `nvidia`) when the NVIDIA runtime is not the node's default."""
     monitoring: NotRequired[MonitoringArgs]
-    """Prometheus Operator objects per model (PodMonitor, PrometheusRule) and Grafana dashboards."""
+    """Prometheus Operator objects (the servers' PodMonitor, a PrometheusRule per model) and Grafana dashboards."""
     podSecurity: NotRequired[PodSecurityArgs]
     """Pod Security admission levels put on the namespace (when the stack creates it)."""
     priorityClass: NotRequired[PriorityClassArgs]

@@ -183,8 +183,9 @@ def test_ingress_sub_paths_are_stripped_before_vllm(path: str, route: tuple[str,
 
 
 def test_queue_query_filters_model_name_not_model() -> None:
+    # What it sums over two pods seen by two scrape jobs: tests/test_serving_monitoring.py (promtool).
     query = queue_query(model_of(), "ai")
-    assert query == 'sum(vllm:num_requests_waiting{namespace="ai",model_name="qwen3"})'
+    assert '{namespace="ai",model_name="qwen3"}' in query and "model=" not in query
 
 
 def test_adapter_rule_turns_the_gauge_into_the_hpa_metric() -> None:

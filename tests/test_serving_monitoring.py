@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from components.serving import monitoring
+from components.serving.autoscaling import adapter_rules
 from components.serving.names import download_job_name, selector_labels
 from stacks.config.budgets import deployment_timeout_seconds, startup_budget_seconds
 from tests import checkers
@@ -32,13 +33,28 @@ def test_keda_is_the_default_autoscaler(prod: Render) -> None:
 
 def test_pod_monitor_scrapes_the_serving_pods(prod: Render) -> None:
     monitor = one(prod, POD_MONITOR)
-    assert monitor["metadata"]["name"] == "vllm-qwen3" and monitor["metadata"]["namespace"] == "ai"
+    assert monitor["metadata"]["name"] == "gpu-serving-servers" and monitor["metadata"]["namespace"] == "ai"
     assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"  # what the operator selects by
-    assert monitor["spec"]["selector"]["matchLabels"] == selector_labels(prod.config.models[0])
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    pod_labels = one(prod, DEPLOYMENT)["spec"]["template"]["metadata"]["labels"]
+    assert selector.items() <= selector_labels(prod.config.models[0]).items() <= pod_labels.items()
     (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
     assert endpoint["port"] == "http" and endpoint["path"] == "/metrics"
     ports = one(prod, DEPLOYMENT)["spec"]["template"]["spec"]["containers"][0]["ports"]
     assert [p["name"] for p in ports] == ["http"]
+
+
+def test_one_pod_monitor_selects_every_model_and_no_other_pod(render) -> None:  # type: ignore[no-untyped-def]
+    """Two models: one PodMonitor whose selector matches both models' serving pods and neither's Job pods. On the real
+    API server, with the pickers and holds too: the e2e's servers-scraped check."""
+    one_each = {"replicas": {"min": 1, "max": 1}}
+    result = render(models=[prod_model() | one_each, prod_model() | one_each | {"name": "qwen3-b", "ingress": None}])
+    selector = one(result, POD_MONITOR)["spec"]["selector"]["matchLabels"]
+    pods = {f"{o['kind']}/{o['metadata']['name']}": o["spec"]["template"]["metadata"].get("labels", {})
+            for o in result.kubernetes_objects() if o["kind"] in {"Deployment", "Job", "StatefulSet", "DaemonSet"}}
+    selected = sorted(name for name, labels in pods.items() if selector.items() <= labels.items())
+    assert selected == ["Deployment/vllm-qwen3", "Deployment/vllm-qwen3-b"]
+    assert len(pods) == 6, sorted(pods)  # each model's download and smoke Jobs: the same name and instance labels, not selected
 
 
 def test_monitoring_objects_can_be_turned_off(render) -> None:  # type: ignore[no-untyped-def]
@@ -149,6 +165,29 @@ def test_no_pod_ready_waits_out_a_rollout_and_fires_after_it(tmp_path: Path, pro
 
 def pod(name: str) -> str:
     return f'namespace="ai",model_name="qwen3",pod="{name}"'
+
+
+def test_the_queue_counts_each_pod_once_however_many_jobs_scrape_it(tmp_path: Path, prod: Render) -> None:
+    """While an upgrade replaces the per-model PodMonitors by the namespace's one, both scrape a pod (two `job`s):
+    KEDA's query and the adapter's read its queue once, not twice."""
+    a, b = pod("vllm-qwen3-a"), pod("vllm-qwen3-b")
+    keda = one(prod, SCALED_OBJECT)["spec"]["triggers"][0]["metadata"]["query"]
+    adapter = yaml.safe_load(adapter_rules())["rules"][0]["metricsQuery"]
+    per_pod = (adapter.replace("<<.Series>>", "vllm:num_requests_waiting")
+               .replace("<<.LabelMatchers>>", 'namespace="ai",pod=~"vllm-qwen3-a|vllm-qwen3-b"').replace("<<.GroupBy>>", "pod"))
+    run_promtool_tests(tmp_path, prod, [{
+        "interval": "1m",
+        "input_series": [
+            {"series": f'vllm:num_requests_waiting{{{a},job="ai/vllm-qwen3"}}', "values": "4x5"},
+            {"series": f'vllm:num_requests_waiting{{{a},job="ai/gpu-serving-servers"}}', "values": "4x5"},
+            {"series": f'vllm:num_requests_waiting{{{b},job="ai/gpu-serving-servers"}}', "values": "2x5"},
+        ],
+        "promql_expr_test": [
+            {"expr": keda, "eval_time": "3m", "exp_samples": [{"labels": "{}", "value": 6}]},
+            {"expr": per_pod, "eval_time": "3m", "exp_samples": [{"labels": '{pod="vllm-qwen3-a"}', "value": 4},
+                                                                 {"labels": '{pod="vllm-qwen3-b"}', "value": 2}]},
+        ],
+    }])
 
 
 def test_queue_stalled_fires_per_pod(tmp_path: Path, prod: Render) -> None:

@@ -19,6 +19,7 @@ from components.serving.drain import PRESTOP_S
 from components.serving.edge import servers_egress_policy
 from components.serving.hold import reference_grant
 from components.serving.jobs import DOWNLOAD_SCRIPT, SMOKE_SCRIPT
+from components.serving.monitoring import servers_pod_monitor
 from components.serving.profile import NON_ROOT_UID
 
 __all__ = [
@@ -33,4 +34,5 @@ __all__ = [
     "needs_adapter_rules",
     "reference_grant",
     "servers_egress_policy",
+    "servers_pod_monitor",
 ]

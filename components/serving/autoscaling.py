@@ -84,8 +84,11 @@ def _behavior_args() -> dict[str, k8s.autoscaling.v2.HPAScalingRulesArgs]:
 
 def queue_query(model: Model, namespace: str) -> str:
     """Total queue of one model; KEDA divides by the threshold (AverageValue), as the HPA does.
-    The gauge is labelled `model_name` (= --served-model-name), not `model`."""
-    return f'sum({QUEUE_GAUGE}{{namespace="{namespace}",model_name="{model.name}"}})'
+    The gauge is labelled `model_name` (= --served-model-name), not `model`. Each pod counts once however many
+    scrape jobs see it (the `max by (pod)`): a second job (a PodMonitor of the user's, or the per-model PodMonitors
+    an earlier version made, until the `up` that replaced them deletes them) would otherwise double the queue and
+    add a GPU replica for nothing."""
+    return f'sum(max by (pod) ({QUEUE_GAUGE}{{namespace="{namespace}",model_name="{model.name}"}}))'
 
 
 def scaled_object(model: Model, namespace: str, prometheus_url: str, hold: RequestHold | None = None) -> dict[str, Any]:
@@ -126,7 +129,8 @@ def adapter_rules() -> str:
         "seriesQuery": f'{{__name__="{QUEUE_GAUGE}",namespace!="",pod!=""}}',
         "resources": {"overrides": {"namespace": {"resource": "namespace"}, "pod": {"resource": "pod"}}},
         "name": {"matches": f"^{QUEUE_GAUGE}$", "as": QUEUE_METRIC},
-        "metricsQuery": "sum(<<.Series>>{<<.LabelMatchers>>}) by (<<.GroupBy>>)",
+        # The HPA reads it per pod (GroupBy: pod): max, not sum, so a pod seen by two scrape jobs counts once.
+        "metricsQuery": "max(<<.Series>>{<<.LabelMatchers>>}) by (<<.GroupBy>>)",
     }
     return yaml.safe_dump({"rules": [rule]}, sort_keys=False, width=200)
 

@@ -24,7 +24,7 @@ from components.serving.edge import (
 from components.serving.gateway import httproute_spec
 from components.serving.hold import held_url, hold_service_spec, interceptor_route
 from components.serving.jobs import job_spec, smoke_deadline_seconds, smoke_job_name, smoke_job_spec
-from components.serving.monitoring import pod_monitor_spec, prometheus_rule_spec
+from components.serving.monitoring import prometheus_rule_spec
 from components.serving.names import (
     WEIGHTS_VERIFIED,
     download_digest,
@@ -239,15 +239,7 @@ class VllmService(pulumi.ComponentResource):
                 annotations=applied_annotations(cluster),
             )
 
-        if monitoring.pod_monitor:
-            k8s.apiextensions.CustomResource(
-                f"{name}-pod-monitor",
-                api_version="monitoring.coreos.com/v1",
-                kind="PodMonitor",
-                metadata=monitoring_meta(base),
-                spec=pod_monitor_spec(model),
-                opts=child,
-            )
+        # Scraped by the namespace's one PodMonitor (servers_pod_monitor, in ClusterBase).
         if monitoring.alerts:
             k8s.apiextensions.CustomResource(
                 f"{name}-alerts",

@@ -7,7 +7,7 @@ from typing import Any
 import pulumi_kubernetes as k8s
 
 from components.cluster import PART_OF, applied_annotations
-from components.serving.names import PORT, hold_host, hold_name, instance_labels, object_name, selector_labels
+from components.serving.names import PORT, SERVER_LABELS, hold_host, hold_name, instance_labels, object_name, selector_labels
 from stacks.config import ClusterConfig, Model
 
 PROXY_TIMEOUT_S = 600
@@ -151,9 +151,6 @@ def network_policy_spec(
 
 SERVERS_EGRESS = "gpu-serving-servers-egress"
 """The namespace's one DNS egress policy for every serving pod (`gpu-serving-`: no model's objects can take it)."""
-SERVER_LABELS = {"app.kubernetes.io/name": "vllm", "app.kubernetes.io/component": "inference-server"}
-"""Every model's serving pods (its `selector_labels` without the instance), and nothing else: not the download and
-smoke-test Jobs, the pickers or the holds."""
 
 
 def servers_egress_policy(cluster: ClusterConfig, models: list[Model]) -> dict[str, Any] | None:

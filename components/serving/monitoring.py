@@ -1,17 +1,23 @@
-"""Prometheus Operator objects per model: a PodMonitor (the operator ignores `prometheus.io/*`
-annotations, so without it neither KEDA nor the adapter ever sees the queue) and a
-PrometheusRule with the alerts an operator of a model server needs."""
+"""Prometheus Operator objects: one PodMonitor for every model's serving pods (the operator ignores
+`prometheus.io/*` annotations, so without it neither KEDA nor the adapter ever sees the queue) and a
+PrometheusRule per model with the alerts an operator of a model server needs."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import pulumi_kubernetes as k8s
+
+from components.cluster import PART_OF, applied_annotations
 from components.serving.autoscaling import QUEUE_GAUGE
-from components.serving.names import download_job_name, object_name, selector_labels
-from stacks.config import Model
+from components.serving.names import SERVER_LABELS, download_job_name, object_name
+from stacks.config import ClusterConfig, Model
 from stacks.config.budgets import deployment_timeout_seconds
 
 SCRAPE_INTERVAL = "15s"
+
+SERVERS_MONITOR = "gpu-serving-servers"
+"""The namespace's one PodMonitor (`gpu-serving-`: no model's objects can take the name)."""
 
 
 PREEMPTIONS_PER_S = 0.1
@@ -20,13 +26,23 @@ instead of served: a full KV cache alone is vLLM working as designed under load,
 the cost users feel."""
 
 
-def pod_monitor_spec(model: Model) -> dict[str, Any]:
-    """Scrapes the serving pods' `http` port; the operator adds `namespace` and `pod` labels,
-    which the adapter rule and the KEDA query rely on."""
-    return {
-        "selector": {"matchLabels": selector_labels(model)},
-        "podMetricsEndpoints": [{"port": "http", "path": "/metrics", "interval": SCRAPE_INTERVAL}],
-    }
+def servers_pod_monitor(cluster: ClusterConfig, models: list[Model]) -> dict[str, Any] | None:
+    """Scrapes the `http` port of every model's serving pods; the operator adds `namespace` and `pod` labels, which
+    the adapter rule and the KEDA query rely on, and vLLM labels each series with `model_name`. Every model is scraped
+    alike, so one object for the namespace selects them all by label, as a PodMonitor per model would each (a model
+    added or removed changes nothing here). None without models, or with `monitoring.podMonitor` off."""
+    if not models or not cluster.monitoring.pod_monitor:
+        return None
+    return dict(
+        api_version="monitoring.coreos.com/v1",
+        kind="PodMonitor",
+        metadata=k8s.meta.v1.ObjectMetaArgs(name=SERVERS_MONITOR, namespace=cluster.namespace,
+                                            labels={**PART_OF, **cluster.monitoring.labels}, annotations=applied_annotations(cluster)),
+        spec={
+            "selector": {"matchLabels": dict(SERVER_LABELS)},
+            "podMetricsEndpoints": [{"port": "http", "path": "/metrics", "interval": SCRAPE_INTERVAL}],
+        },
+    )
 
 
 def _minutes(seconds: int) -> str:
@@ -35,7 +51,7 @@ def _minutes(seconds: int) -> str:
 
 def alert_rules(model: Model, namespace: str) -> list[dict[str, Any]]:
     """The alerts, as Prometheus rule entries. `kube_*` series come from kube-state-metrics
-    (part of kube-prometheus-stack); `vllm:*` from the PodMonitor."""
+    (part of kube-prometheus-stack); `vllm:*` from the servers' PodMonitor."""
     where = f'namespace="{namespace}",model_name="{model.name}"'
     deployment = object_name(model)
     selector = f'namespace="{namespace}",deployment="{deployment}"'

@@ -47,6 +47,11 @@ def selector_labels(model: Model) -> dict[str, str]:
     return {**instance_labels(model), "app.kubernetes.io/component": "inference-server"}
 
 
+SERVER_LABELS = {"app.kubernetes.io/name": "vllm", "app.kubernetes.io/component": "inference-server"}
+"""Every model's serving pods (its `selector_labels` without the instance), and nothing else: not the download and
+smoke-test Jobs, the pickers or the holds."""
+
+
 def labels(model: Model, component: str) -> dict[str, str]:
     image = model.image.split("@", 1)[0]
     last = image.rsplit("/", 1)[-1]

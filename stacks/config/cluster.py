@@ -103,7 +103,8 @@ class Monitoring(_Model):
     dashboards its Grafana loads."""
 
     pod_monitor: bool = True
-    """A PodMonitor per model, so the operator's Prometheus scrapes `/metrics` (autoscaling and alerts read it)."""
+    """One PodMonitor (`gpu-serving-servers`) for every model's serving pods, so the operator's Prometheus scrapes
+    `/metrics` (autoscaling and alerts read it)."""
     alerts: bool = True
     """A PrometheusRule per model: no pod ready, queue stalled (per pod), requests preempted, download Job failed."""
     labels: dict[Annotated[str, StringConstraints(pattern=LABEL_KEY)], LabelValue] = {}
@@ -237,7 +238,7 @@ class ClusterConfig(_Model):
     runtime_class_name: K8sName | None = None
     """RuntimeClass of GPU pods (e.g. `nvidia`) when the NVIDIA runtime is not the node's default."""
     monitoring: Monitoring = Monitoring()
-    """Prometheus Operator objects per model (PodMonitor, PrometheusRule) and Grafana dashboards."""
+    """Prometheus Operator objects (the servers' PodMonitor, a PrometheusRule per model) and Grafana dashboards."""
     pod_security: PodSecurity = PodSecurity()
     """Pod Security admission levels put on the namespace (when the stack creates it)."""
     priority_class: PriorityClass | None = PriorityClass()

@@ -78,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
                                 ("download-before-deployment", run.download_before_deployment),
                                 ("deployment-available", run.deployment_available), ("smoke-job-complete", run.smoke_job_complete)):
                 run.check(name, check, needs=("up-cluster",))
+            run.check("servers-scraped", run.servers_scraped, needs=("up-cluster",))
             run.check("namespace-first", run.namespace_first, needs=("up-cluster",))
             run.check("runbook-check", run.runbook_check, needs=("up-cluster",))
             run.check("preview-prerequisites", run.preview_prerequisites, needs=("cluster-up",))

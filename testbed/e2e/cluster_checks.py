@@ -108,6 +108,16 @@ class ClusterEndToEnd(EndToEnd):
     def get(self, *args: str) -> dict[str, Any]:
         return json.loads(self.kubectl("get", *args, "-o", "json").stdout)
 
+    def missing_from_cluster(self, objects: list[dict[str, Any]]) -> list[str]:
+        """Kind/name of each of `objects` (as rendered) the API server does not have."""
+        missing = []
+        for obj in objects:
+            namespace = obj["metadata"].get("namespace")
+            kind = f"{obj['kind']}.{obj['apiVersion'].split('/')[0]}" if "/" in obj["apiVersion"] else obj["kind"]
+            if self.kubectl("get", kind, obj["metadata"]["name"], *(["-n", namespace] if namespace else []), check=False).returncode:
+                missing.append(f"{obj['kind']}/{obj['metadata']['name']}")
+        return missing
+
     def pod_starts(self, namespace: str) -> dict[str, tuple[str, str]]:
         """Every pod of `namespace` that is not a Job's nor going away: (uid, startTime) by name, to tell a restart."""
         pods = self.get("pods", "-n", namespace)["items"]
@@ -232,16 +242,40 @@ class ClusterEndToEnd(EndToEnd):
         self.timed("upClusterSeconds", "up", "--yes", "--skip-preview", "--event-log", str(self.events), stack="cluster",
                    timeout=1800, env={"PULUMI_DEBUG_COMMANDS": "true"})  # the CLI offers --event-log only then
         declared = self.offline_render("cluster").kubernetes_objects()
-        missing = []
-        for obj in declared:
-            namespace = obj["metadata"].get("namespace")
-            where = ["-n", namespace] if namespace else []
-            if self.kubectl("get", f"{obj['kind']}.{obj['apiVersion'].split('/')[0]}" if "/" in obj["apiVersion"] else obj["kind"],
-                            obj["metadata"]["name"], *where, check=False).returncode != 0:
-                missing.append(f"{obj['kind']}/{obj['metadata']['name']}")
+        missing = self.missing_from_cluster(declared)
         require(not missing, f"declared but not in the cluster: {missing}")
         kinds = sorted({o["kind"] for o in declared})
         return f"every declared object is in the cluster, awaited: {len(declared)} ({', '.join(kinds)})"
+
+    def servers_scraped(self, namespace: str = NAMESPACE) -> str:
+        """The namespace's one PodMonitor selects every model's serving pods, as a PodMonitor per model selected each
+        (its Deployment's selector), and no other pod. The API server evaluates the selector: the Prometheus Operator
+        makes the same label match of it, but neither the operator nor a Prometheus runs here, so what a scrape reads
+        is not shown (tests/test_serving_monitoring.py runs the queries on promtool)."""
+        monitors = self.get("podmonitors.monitoring.coreos.com", "-n", namespace)["items"]
+        names = [m["metadata"]["name"] for m in monitors]
+        require(names == ["gpu-serving-servers"], f"PodMonitors in {namespace}: {names}, expected the one gpu-serving-servers")
+
+        def pods(match: dict[str, str]) -> set[str]:
+            selector = ",".join(f"{k}={v}" for k, v in sorted(match.items()))
+            return {p["metadata"]["name"] for p in self.get("pods", "-n", namespace, "-l", selector)["items"]
+                    if not p["metadata"].get("deletionTimestamp")}
+
+        selected = pods(monitors[0]["spec"]["selector"]["matchLabels"])
+        models = [d for d in self.get("deployments", "-n", namespace)["items"]
+                  if d["spec"]["template"]["metadata"]["labels"].get("app.kubernetes.io/component") == "inference-server"]
+        serving = set().union(*(pods(d["spec"]["selector"]["matchLabels"]) for d in models))
+        require(models and serving, f"no serving pod in {namespace} ({len(models)} model Deployments)")
+        require(selected == serving, f"selected {sorted(selected)}, the models' serving pods are {sorted(serving)}")
+        port = monitors[0]["spec"]["podMetricsEndpoints"][0]["port"]
+        everyone = self.get("pods", "-n", namespace)["items"]
+        unnamed = [p["metadata"]["name"] for p in everyone if p["metadata"]["name"] in selected
+                   and port not in {q.get("name") for c in p["spec"]["containers"] for q in c.get("ports", [])}]
+        require(not unnamed, f"selected pods without a container port named {port}: {unnamed}")
+        others = sorted({p["metadata"].get("labels", {}).get("app.kubernetes.io/component", "?") for p in everyone
+                         if p["metadata"]["name"] not in selected})
+        return (f"{namespace}: one PodMonitor selects the {len(serving)} serving pods of {len(models)} models (each Deployment's "
+                f"selector), port {port} named on each; not the namespace's other pods ({', '.join(others) or 'none'})")
 
     def nodes_patched(self) -> str:
         node = self.get("node", "lab-node")

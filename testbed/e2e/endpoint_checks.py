@@ -72,9 +72,10 @@ class EndpointEndToEnd(CacheEndToEnd):
         moved = [name for name, start in before.items() if after.get(name) != start]
         require(not moved, f"serving pods restarted by putting the model on the endpoint: {moved}")
         self.pulumi("preview", "--expect-no-changes", stack="cache")
+        scraped = self.servers_scraped(CACHE_NAMESPACE)  # with a picker beside the servers now
         return (f"InferencePool vllm-{CACHE_MODEL} with picker {picker} Ready on {on} (no GPU taint); per team an AIGatewayRoute on "
                 f"its own host, a SecurityPolicy reading only its Secret, the Secret holding its key; the {len(before)} serving "
-                "pods kept (same UIDs and start times); then no changes")
+                f"pods kept (same UIDs and start times); then no changes; {scraped}")
 
     def endpoint_rotate_key(self) -> str:
         """A team's key rotated: one Secret updated, every pod kept, the other team's Secret untouched."""

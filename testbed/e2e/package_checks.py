@@ -70,9 +70,7 @@ class PackageEndToEnd(EndpointEndToEnd):
         (.kube/lab.yaml, the loopback cluster's), its secrets."""
         folder = self.example(language)
         figures = self.report["figures"]
-        kube = folder / ".kube" / "lab.yaml"
-        kube.parent.mkdir(exist_ok=True)
-        shutil.copy(self.cluster_env["KUBECONFIG"], kube)
+        self.lab_kubeconfig(folder)
         start = time.monotonic()
         if language == "typescript":
             self.logged(["npm", "install", "--no-audit", "--no-fund"], shown="npm install", cwd=folder, timeout=600)
@@ -82,6 +80,12 @@ class PackageEndToEnd(EndpointEndToEnd):
         figures[f"package{language.title()}AddSeconds"] = round(time.monotonic() - start, 1)
         self.example_stack(folder, "lab", stack_raw("lab"))
         return folder
+
+    def lab_kubeconfig(self, folder: Path) -> None:
+        """The loopback cluster's kubeconfig where the lab document points: `folder`/.kube/lab.yaml."""
+        kube = folder / ".kube" / "lab.yaml"
+        kube.parent.mkdir(exist_ok=True)
+        shutil.copy(self.cluster_env["KUBECONFIG"], kube)
 
     def example_stack(self, folder: Path, stack: str, raw: dict[str, Any]) -> None:
         """A stack of the example in `folder` with a canary for each secret the document `raw` names."""
@@ -94,9 +98,7 @@ class PackageEndToEnd(EndpointEndToEnd):
         """Each example previews the lab stack's document: the same resources with the same inputs as the Python
         program's preview of Pulumi.lab.yaml, on the same cluster."""
         raw = stack_raw("lab")
-        kube = self.project / ".kube" / "lab.yaml"
-        kube.parent.mkdir(exist_ok=True)
-        shutil.copy(self.cluster_env["KUBECONFIG"], kube)
+        self.lab_kubeconfig(self.project)
         self.new_stack(REFERENCE, raw, self.secret_values(raw, self.canaries["sshPrivateKey"]))
         want = declared(json.loads(self.pulumi("preview", "--json", stack=REFERENCE).stdout))
         require(len(want) > 10, f"the Python program's preview declares {len(want)} resources")
@@ -149,12 +151,7 @@ class PackageEndToEnd(EndpointEndToEnd):
         # The Python program's objects for the same document, rendered offline.
         (self.project / "Pulumi.package-up.yaml").write_text(stack_yaml({"config": {f"gpu-serving:{k}": v for k, v in raw.items()}}))
         objects = self.offline_render("package-up").kubernetes_objects()
-        missing = []
-        for obj in objects:
-            namespace = obj["metadata"].get("namespace")
-            kind = f"{obj['kind']}.{obj['apiVersion'].split('/')[0]}" if "/" in obj["apiVersion"] else obj["kind"]
-            if self.kubectl("get", kind, obj["metadata"]["name"], *(["-n", namespace] if namespace else []), check=False).returncode:
-                missing.append(f"{obj['kind']}/{obj['metadata']['name']}")
+        missing = self.missing_from_cluster(objects)
         require(not missing, f"declared by the program but not created by the YAML example: {missing}")
         (deployment,) = (o["metadata"]["name"] for o in objects if o["kind"] == "Deployment")
         available = self.get("deployment", deployment, "-n", UP_NAMESPACE)["status"].get("availableReplicas")

@@ -255,6 +255,13 @@ class UpgradeEndToEnd(SharingEndToEnd):
         require(now["metadata"]["generation"] == kept_deployment["metadata"]["generation"],
                 f"the upgrade changed {ALWAYS_ON}'s Deployment: {changed.get(f'{ALWAYS_ON}-deployment')}")
         require(self.ready_model_pods(HOLD_STACK, ALWAYS_ON) == kept_pods, f"{ALWAYS_ON}'s pods changed though its Deployment did not")
+        # The same release before scraped each model with a PodMonitor of its own: the namespace's one is there
+        # before either goes, so no scrape cycle finds no PodMonitor (the queries count a pod seen twice once).
+        monitored = _sequence(log, "resOutputsEvent", "::cluster-servers-monitor")
+        unmonitored = min(_sequence(log, "resourcePreEvent", f"::{model}-pod-monitor") for model in (ALWAYS_ON, HELD_MODEL))
+        require(monitored < unmonitored, f"a model's PodMonitor began to go (event {unmonitored}) before the namespace's one "
+                                         f"existed ({monitored})")
+        scraped = self.servers_scraped(HOLD_STACK)
         self.pulumi("preview", "--expect-no-changes", stack=HOLD_STACK)
         self.report["figures"]["holdUpgradeChanges"] = len(changed)
         self.report["figures"]["holdUpgradeHeldSeconds"] = round(held_seconds, 1)
@@ -263,7 +270,8 @@ class UpgradeEndToEnd(SharingEndToEnd):
                 f"{hold_changes}; {len(changed)} resource(s) changed in all; {ALWAYS_ON}'s pods kept (Deployment unchanged); "
                 f"route timeouts {route['spec'].get('timeouts')}; a request held by the real interceptor under the "
                 f"HTTPScaledObject for {held_seconds:.0f} s across the upgrade, answered 200 from {upstream} (cold start) "
-                f"once the model woke; the next request through the route alone 200 at once")
+                f"once the model woke; the next request through the route alone 200 at once; the namespace's PodMonitor "
+                f"(#{monitored}) before the models' went (#{unmonitored}): {scraped}")
 
     def scale_held(self, service: str, replicas: int) -> None:
         """The held model's Deployment to `replicas`, as KEDA would, and its Service's EndpointSlices to match (the
