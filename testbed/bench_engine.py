@@ -130,6 +130,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--two-vms-only", action="store_true",
                         help=f"only the node steps of two lab VMs under one up, into {VMS_NAME} beside --out "
                              "(a full run does it after the cluster)")
+    parser.add_argument("--main-only", action="store_true",
+                        help=f"only the prod figures and the fleet table, chart and profiles into --out: not {CLUSTER_NAME}, "
+                             f"{VMS_NAME} or {SKIP_NAME} (each has its -only option)")
     parser.add_argument("--skip-checkpoints-only", action="store_true",
                         help=f"only the fleet section with PULUMI_SKIP_CHECKPOINTS=true, into {SKIP_NAME} beside --out "
                              "(every run does it after the rest)")
@@ -172,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         fleet_bare = Run(tmp / "fleet-bare-run", env, tmp)
         bench_fleet.bare_project(fleet_bare.project)
         rows, profile = bench_fleet.fleet(program, fleet_bare, args.sizes, args.runs, tmp, profile=True)
-        if not args.quick:
+        if not args.quick and not args.main_only:
             on_cluster = bench_fleet.cluster_up(program, *args.sizes[-1], bench_fleet.fleet_key(tmp), tmp)
             (args.out.parent / CLUSTER_NAME).write_text(bench_fleet.cluster_markdown(on_cluster) + "\n")
     finally:
@@ -192,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"wrote {args.out} and {chart.name}: prod preview {preview[0] / preview[1]:.2f}x the bare program; "
           f"{largest.label}: preview {largest.preview.ratio:.2f}x, up {largest.up.ratio:.2f}x, no-op up {largest.noop.ratio:.2f}x, "
           f"{largest.noop_commands} Commands run by the no-op ups")
+    if args.main_only:
+        return 0
     if not args.quick:
         two_vms(args)
     skip_checkpoints(args)

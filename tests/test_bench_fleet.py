@@ -35,7 +35,18 @@ from testbed.bench_fleet.measure import (
     peak_mib,
     ssh_standin,
 )
-from testbed.bench_fleet.profiling import PHASES, Profile, busy, engine_parts, phases, pprof_seconds, program_parts, spans
+from testbed.bench_fleet.profiling import (
+    PHASES,
+    STATE_PARTS,
+    Profile,
+    busy,
+    engine_parts,
+    phases,
+    pprof_seconds,
+    program_parts,
+    spans,
+    state_parts,
+)
 from testbed.bench_fleet.report import CHART, cluster_markdown, growth, markdown
 from testbed.e2e.run import rendering
 from testbed.standins.ssh import chains, overlapping_nodes, read_log, step_of
@@ -297,6 +308,27 @@ def test_report_shows_the_engines_cpu_shares_when_profiled() -> None:
                                   engine_parts(PPROF_TOP))
     report = markdown(rows, profile, 1, "pulumi v0", None)
     assert "| saving the whole state (SnapshotManager.saveSnapshot) | 17.02 | 82% |" in report
+
+
+def test_the_states_breakdown_sums_each_programs_resources_by_type_and_counts_stack_traces_apart() -> None:
+    def resource(kind: str, inputs: str, trace: bool = True) -> dict[str, Any]:
+        return {"type": kind, "inputs": {"x": inputs}, **({"stackTrace": {"frames": ["f"]}} if trace else {})}
+
+    ours = [resource("Job", "a" * 1000), resource("Job", "b" * 1000), resource("Deployment", "c" * 500, trace=False)]
+    ours += [resource(f"Kind{i}", "") for i in range(STATE_PARTS - 1)]  # one type more than listed
+    bare = [resource("ConfigMap", "")]
+    parts = {part: (count, size) for part, count, size in
+             state_parts({"ours": {"deployment": {"resources": ours}}, "bare": {"deployment": {"resources": bare}}})}
+    assert parts["ours: Job"] == (2, sum(len(json.dumps(r)) for r in ours[:2]))
+    assert next(iter(parts)) == "ours: Job"  # largest first
+    assert parts["ours: 1 other types"][0] == 1  # beyond the STATE_PARTS largest
+    assert parts["ours: of all the above, the SDK's stack traces"] == (len(ours) - 1, (len(ours) - 1) * len('{"frames": ["f"]}'))
+    assert parts["bare: ConfigMap"][0] == 1
+    profile = Profile({phase: {"ours": 1.0, "bare": 1.0} for phase in PHASES}, [("x", 1.0)], 1.0, [],
+                      state_parts({"ours": {"deployment": {"resources": ours}}, "bare": {"deployment": {"resources": bare}}}))
+    report = markdown([result(1, 1, 28, (3.0, 2.5)), result(2, 3, 60, (4.0, 3.0))], profile, 1, "pulumi v0", None)
+    job_share = parts["ours: Job"][1] / sum(size for part, (_, size) in parts.items() if part.startswith("ours") and "traces" not in part)
+    assert "| ours: Job | 2 |" in report and f"| {job_share:.0%} |" in report
 
 
 def test_the_cluster_run_is_the_generated_stack_without_what_no_controller_here_serves() -> None:

@@ -28,6 +28,33 @@ class Profile:
     profiled_seconds: float
     engine: list[tuple[str, float]] = field(default_factory=list)
     """[(part of the CLI's CPU time in one `up` of a new stack, seconds)] from its Go profile; the first is the whole."""
+    state: list[tuple[str, int, int]] = field(default_factory=list)
+    """[(part of the state after a first `up`, resources, bytes)] of each program (`state_parts`)."""
+
+
+STATE_PARTS = 8
+"""Resource types listed one by one in the state's breakdown, largest first; the rest are summed."""
+
+
+def state_parts(exports: dict[str, dict[str, Any]]) -> list[tuple[str, int, int]]:
+    """Where the bytes of each program's exported state (`pulumi stack export`, by side) are: its largest resource
+    types, the rest, and across all of them the stack traces the SDK records where each resource was declared."""
+    parts: list[tuple[str, int, int]] = []
+    for side, exported in exports.items():
+        resources = exported["deployment"].get("resources") or []
+        by_type: dict[str, list[int]] = {}
+        for resource in resources:
+            count_size = by_type.setdefault(resource["type"], [0, 0])
+            count_size[0] += 1
+            count_size[1] += len(json.dumps(resource))
+        ordered = sorted(by_type.items(), key=lambda item: -item[1][1])
+        parts += [(f"{side}: {kind}", count, size) for kind, (count, size) in ordered[:STATE_PARTS]]
+        rest = ordered[STATE_PARTS:]
+        if rest:
+            parts.append((f"{side}: {len(rest)} other types", sum(c for _, (c, _) in rest), sum(b for _, (_, b) in rest)))
+        traces = [len(json.dumps(r["stackTrace"])) for r in resources if r.get("stackTrace")]
+        parts.append((f"{side}: of all the above, the SDK's stack traces", len(traces), sum(traces)))
+    return parts
 
 
 def spans(path: Path) -> list[dict[str, Any]]:

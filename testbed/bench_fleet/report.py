@@ -140,6 +140,19 @@ def profile_markdown(profile: Profile, label: str, state: str) -> list[str]:
             "|---|---|---|",
             *[f"| {part} | {seconds:.2f} | {seconds / whole:.0%} |" for part, seconds in profile.engine],
         ]
+    if profile.state:
+        totals = {side: sum(size for part, _, size in profile.state if part.startswith(f"{side}: ") and "stack traces" not in part)
+                  for side in ("ours", "bare")}
+        lines += [
+            "",
+            f"The state after the last first `up` of {label}, each program's (`pulumi stack export`; a resource's bytes are its "
+            "inputs, its outputs, its dependencies and the stack trace of where it was declared):",
+            "",
+            "| part | resources | KiB each | MiB | share of that program's state |",
+            "|---|---|---|---|---|",
+            *[f"| {part} | {count} | {size / max(count, 1) / 1024:.1f} | {size / 2**20:.2f} | "
+              f"{size / max(totals[part.split(':')[0]], 1):.0%} |" for part, count, size in profile.state],
+        ]
     return lines
 
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from testbed.bench_fleet.measure import SizeResult, fleet_key, measure_size
-from testbed.bench_fleet.profiling import Profile, profile_largest, profile_largest_up
+from testbed.bench_fleet.profiling import Profile, profile_largest, profile_largest_up, state_parts
 from testbed.e2e.run import Run
 
 
@@ -24,4 +25,7 @@ def fleet(program: Run, bare: Run, sizes: list[tuple[int, int]], runs: int, work
         # Preview dials no node: the stand-in the stacks name is gone by now, and not needed.
         found = profile_largest(program, bare, f"{name}-preview", f"{name}-bare-preview", work / name)
         found.engine = profile_largest_up(program, nodes, models, key, work / name)
+        last = runs - 1  # the stacks of the last first `up`, measured as the table's state
+        found.state = state_parts({side: json.loads(run.pulumi("stack", "export", stack=stack, timeout=600).stdout)
+                                   for side, run, stack in (("ours", program, f"{name}-{last}"), ("bare", bare, f"{name}-bare-{last}"))})
     return rows, found
