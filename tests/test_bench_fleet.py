@@ -277,6 +277,8 @@ def test_report_has_a_row_per_size_and_the_goals() -> None:
     assert "**Preview of 32 × 100: 1.26×**" in report
     assert '0 Commands ran (the stand-in\'s log), changes {"same": 1102}' in report
     assert "![real-engine time against stack size](chart.png)" in report
+    assert "(fleets.md#the-goals-one-by-one)" in report  # where each miss is explained (a heading of docs/fleets.md)
+    assert "\n### The goals, one by one\n" in (Path(__file__).parents[1] / "docs" / "fleets.md").read_text()
 
 
 PPROF_TOP = """\

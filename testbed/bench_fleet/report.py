@@ -89,6 +89,8 @@ def markdown(rows: list[SizeResult], profile: Profile | None, runs: int, version
           if largest.replay else []),
         f"- **No-op `up` of {largest.label}**: {largest.noop_commands} Commands ran (the stand-in's log), changes "
         f"{json.dumps(largest.noop_changes, sort_keys=True)} ({same} resources left the same; goal: 0 Commands, nothing changed).",
+        "- Each goal, what a miss comes from (the profiles below) and what would close it: "
+        "[docs/fleets.md](fleets.md#the-goals-one-by-one).",
         f"- **Node steps in parallel**: during a first `up` of {largest.label}, the disk steps of **{largest.up_overlap}** of "
         f"{largest.nodes} nodes ran side by side (from each node's first step to its last, in the stand-in's log; median of "
         f"the runs). The engine runs at most `--parallel` operations at once: 4 × the CPUs by default, {4 * (os.cpu_count() or 1)} here.",
