@@ -312,6 +312,16 @@ def test_report_shows_the_engines_cpu_shares_when_profiled() -> None:
     assert "| saving the whole state (SnapshotManager.saveSnapshot) | 17.02 | 82% |" in report
 
 
+def test_report_shows_the_no_op_ups_phases_only_when_traced() -> None:
+    rows = [result(1, 1, 28, (3.0, 2.5)), result(2, 3, 60, (4.0, 3.0))]
+    profile = Profile({phase: {"ours": 1.0, "bare": 1.0} for phase in PHASES}, [("x", 1.0)], 1.0)
+    assert "no-op `up` of each program" not in markdown(rows, profile, 1, "pulumi v0", None)
+    profile.noop = {phase: {"ours": 2.5 + i, "bare": 1.25} for i, phase in enumerate(PHASES)}
+    report = markdown(rows, profile, 1, "pulumi v0", None)
+    assert "no-op `up` of each program's last 2 × 3 stack" in report
+    assert f"| {PHASES[0]} | 2.50 | 1.25 |" in report and f"| {PHASES[-1]} | {2.5 + len(PHASES) - 1:.2f} | 1.25 |" in report
+
+
 def test_the_states_breakdown_sums_each_programs_resources_by_type_and_counts_stack_traces_apart() -> None:
     def resource(kind: str, inputs: str, trace: bool = True) -> dict[str, Any]:
         return {"type": kind, "inputs": {"x": inputs}, **({"stackTrace": {"frames": ["f"]}} if trace else {})}

@@ -1,5 +1,6 @@
 """Where the time of the largest size goes: the engine's spans of a preview of both programs, a cProfile of
-our program's process, and the CLI's Go CPU profile of one more first `up`.
+our program's process, the engine's spans of a no-op `up` of both programs, and the CLI's Go CPU profile of
+one more first `up`.
 
 cProfile sees the main thread only, where the program and the SDK's serialisation run; the worker
 threads only wait on gRPC calls, whose other end the engine's spans show."""
@@ -30,6 +31,8 @@ class Profile:
     """[(part of the CLI's CPU time in one `up` of a new stack, seconds)] from its Go profile; the first is the whole."""
     state: list[tuple[str, int, int]] = field(default_factory=list)
     """[(part of the state after a first `up`, resources, bytes)] of each program (`state_parts`)."""
+    noop: dict[str, dict[str, float]] = field(default_factory=dict)
+    """{phase: {"ours": s, "bare": s}} of a no-op `up` of each program's last stack, from the engine's spans."""
 
 
 STATE_PARTS = 8
@@ -83,7 +86,7 @@ def busy(intervals: list[tuple[float, float]]) -> float:
 
 
 PHASES = (
-    "whole `pulumi preview` (the CLI's root span)",
+    "the whole command (the CLI's root span)",
     "CLI start-up, stack and plugins, until the program starts",
     "of which the language host's package checks (GetRequiredPackages, About: each runs Python)",
     "the program's process (language host `execPython`)",
@@ -95,7 +98,7 @@ PHASES = (
 
 
 def phases(found: list[dict[str, Any]]) -> dict[str, float]:
-    """PHASES of one traced preview, in seconds."""
+    """PHASES of one traced command, in seconds."""
     def one(name: str, service: str = "pulumi-cli") -> dict[str, Any]:
         return next(s for s in found if s["name"] == name and s["service"] == service)
 
@@ -183,19 +186,31 @@ def profile_engine_up(program: Run, stack: str, work: Path) -> list[tuple[str, f
     return engine_parts(top)
 
 
-def profile_largest(program: Run, bare: Run, our_stack: str, bare_stack: str, work: Path) -> Profile:
+def traced(program: Run, bare: Run, args: tuple[str, ...], our_stack: str, bare_stack: str, work: Path) -> dict[str, dict[str, float]]:
+    """{phase: {"ours": s, "bare": s}}: PHASES of one traced run of `pulumi <args>` on each program's stack."""
     traces = {}
     for side, run, stack in (("ours", program, our_stack), ("bare", bare, bare_stack)):
-        trace = work / f"preview-{side}.otel.json"
-        run.pulumi("preview", "--otel-traces", f"file://{trace}", stack=stack, timeout=3600, env=hook_env(work / "hook-trace.jsonl"))
+        trace = work / f"{args[0]}-{side}.otel.json"
+        run.pulumi(*args, "--otel-traces", f"file://{trace}", stack=stack, timeout=3600, env=hook_env(work / "hook-trace.jsonl"))
         traces[side] = phases(spans(trace))
         trace.unlink()  # tens of MB for the largest stack (every span carries a stack trace)
+    return {phase: {side: traces[side][phase] for side in traces} for phase in PHASES}
+
+
+def profile_noop_up(program: Run, bare: Run, our_stack: str, bare_stack: str, work: Path) -> dict[str, dict[str, float]]:
+    """PHASES of one more traced no-op `up` of each program's stack (both up already). It runs no Command,
+    so the stand-in hosts need not run."""
+    return traced(program, bare, ("up", "--yes", "--skip-preview", "--expect-no-changes"), our_stack, bare_stack, work)
+
+
+def profile_largest(program: Run, bare: Run, our_stack: str, bare_stack: str, work: Path) -> Profile:
+    found = traced(program, bare, ("preview",), our_stack, bare_stack, work)
     stats = work / "program.prof"
     program.pulumi("preview", stack=our_stack, timeout=3600, env=hook_env(work / "hook-profile.jsonl", stats))
     group, other = program_parts(program.project)
     spent = attribute(stats, group, other)
     ordered = sorted(spent.items(), key=lambda item: -item[1])
-    return Profile({phase: {side: traces[side][phase] for side in traces} for phase in PHASES}, ordered, sum(spent.values()))
+    return Profile(found, ordered, sum(spent.values()))
 
 
 def profile_largest_up(program: Run, nodes: int, models: int, key: str, work: Path) -> list[tuple[str, float]]:

@@ -131,6 +131,16 @@ def profile_markdown(profile: Profile, label: str, state: str) -> list[str]:
         "|---|---|---|",
         *[f"| {part} | {seconds:.2f} | {seconds / profile.profiled_seconds:.0%} |" for part, seconds in profile.program],
     ]
+    if profile.noop:
+        lines += [
+            "",
+            f"One more no-op `up` of each program's last {label} stack, traced the same way (`--expect-no-changes`; it runs "
+            "no Command), wall seconds:",
+            "",
+            "| phase | ours (s) | bare (s) |",
+            "|---|---|---|",
+            *[f"| {phase} | {times['ours']:.2f} | {times['bare']:.2f} |" for phase, times in profile.noop.items()],
+        ]
     if profile.engine:
         whole = profile.engine[0][1]
         lines += [
