@@ -5,8 +5,9 @@ The stack creates objects that other software serves: an Ingress needs a control
 IngressClass, an HTTPRoute the Gateway API CRDs and its Gateway, TLS needs cert-manager and the
 ClusterIssuer, PodMonitors and PrometheusRules the Prometheus Operator's CRDs, HPAs need the custom
 metrics API of prometheus-adapter (whose rules ConfigMap goes into the adapter's namespace), KEDA
-needs its CRDs, a model at `replicas.min: 0` KEDA's HTTP add-on (its CRD and interceptor Service), and the teams'
-endpoint Envoy Gateway, Envoy AI Gateway and the Inference Extension (their CRDs) and its Gateway.
+needs its CRDs, a model at `replicas.min: 0` KEDA's HTTP add-on (its CRD and interceptor Service), a model spanning
+nodes LeaderWorkerSet (its CRD and its controller's webhook), and the teams' endpoint Envoy Gateway, Envoy AI Gateway
+and the Inference Extension (their CRDs) and its Gateway.
 
 The objects are read straight from the API server with the stack's own kubeconfig. The provider's
 `.get()` is not used: a missing object makes it fail the whole preview with "resource does not
@@ -49,6 +50,8 @@ class Need:
     """The warning, naming what to install or create."""
     unless_missing: str | None = None
     """Skip this one when that path is missing (a CRD before its objects): one warning, not two."""
+    present: bool = False
+    """Warn when the path is there instead (an object left from before that stands in the way)."""
 
 
 def needs(config: StackConfig) -> list[Need]:
@@ -116,9 +119,34 @@ def needs(config: StackConfig) -> list[Need]:
                           "no custom metrics API (v1beta1.custom.metrics.k8s.io): the HPAs cannot read "
                           "vllm_num_requests_waiting; install Prometheus and prometheus-adapter with the rules ConfigMap, "
                           "or set cluster.autoscaling to keda or none"))
+    if any(m.spans_nodes for m in models):
+        crd = f"{CRDS}/leaderworkersets.leaderworkerset.x-k8s.io"
+        install = ("install LeaderWorkerSet v0.9 or later (`kubectl apply --server-side -f https://github.com/kubernetes-sigs/lws/"
+                   "releases/download/v0.9.0/manifests.yaml`, or its Helm chart), or set the models' nodesPerReplica: 1")
+        found.append(Need(crd, f"LeaderWorkerSet is not installed (no LeaderWorkerSet CRD): `pulumi up` cannot create the groups "
+                               f"of the models spanning nodes; {install}"))
+        # Its pod webhook gives each member the leader's address: without it the workers never find their leader.
+        found.append(Need("/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/lws-mutating-webhook-configuration",
+                          f"LeaderWorkerSet's controller is not installed (no lws-mutating-webhook-configuration: its webhook gives "
+                          f"each group member its leader's address); {install}", unless_missing=crd))
+    found += reshaped(config)
     found += sharing_needs(config)
     found += endpoint_needs(config, gateway_checked=exposed and cluster.edge == "gateway")
     return found
+
+
+def reshaped(config: StackConfig) -> list[Need]:
+    """A model moved from one node to several per replica: its Deployment still holds its GPUs, and `pulumi up`
+    deletes it only at the end, after the LeaderWorkerSet it waits for, which finds no GPU where there are none to
+    spare. (The other way round is the same; docs/models.md says so, and a preview does not look for every model's
+    LeaderWorkerSet.)"""
+    namespace = config.cluster.namespace
+    return [Need(f"/apis/apps/v1/namespaces/{namespace}/deployments/vllm-{m.name}",
+                 f"models[{i}] ({m.name}) now spans {m.nodes_per_replica} nodes, but its Deployment vllm-{m.name} from before "
+                 f"still holds its GPUs, and `pulumi up` deletes it only after the LeaderWorkerSet, which waits for GPUs; with "
+                 f"none to spare for both, delete it first (`kubectl -n {namespace} delete deployment vllm-{m.name}`: the model "
+                 f"is down until its groups are Ready), then `pulumi up`", present=True)
+            for i, m in enumerate(config.models) if m.spans_nodes]
 
 
 def endpoint_needs(config: StackConfig, gateway_checked: bool) -> list[Need]:
@@ -183,14 +211,15 @@ def sharing_needs(config: StackConfig) -> list[Need]:
 
 
 def missing(get: Callable[[str], int], wanted: list[Need]) -> list[str]:
-    """The warnings for what `get` (path → HTTP status) does not find; other answers are not guessed at."""
+    """The warnings for what `get` (path → HTTP status) does not find (or, for a `present` one, finds); other answers
+    are not guessed at."""
     status: dict[str, int] = {}
     warnings = []
     for need in wanted:
         if need.unless_missing is not None and status.get(need.unless_missing) == 404:
             continue
         status[need.path] = get(need.path)
-        if status[need.path] == 404:
+        if status[need.path] == (200 if need.present else 404):
             warnings.append(need.missing)
     return warnings
 

@@ -412,7 +412,12 @@ class ModelArgs(TypedDict):
     """With `cluster.gpuFeatureDiscovery`: select nodes by GFD's `nvidia.com/gpu.product` (e.g. `NVIDIA-A100-SXM4-80GB`)
     instead of the stack's label."""
     gpusPerReplica: NotRequired[int]
-    """GPUs per pod, all on one node; also `--tensor-parallel-size`."""
+    """GPUs per pod, all on one node; also `--tensor-parallel-size`. With `nodesPerReplica` above 1, the GPUs of each
+    node of a group: all of that node's cards."""
+    nodesPerReplica: NotRequired[int]
+    """Nodes one replica spans, for a model larger than one node: a LeaderWorkerSet group of this many pods, one per
+    whole node (`gpusPerReplica` cards each), tensor parallelism within a node and pipeline parallelism across them
+    (vLLM's own multi-node launcher, no Ray); the group starts, restarts and rolls as one. 1: a Deployment."""
     gpuResource: NotRequired[str]
     """What a pod asks for, after `nvidia.com/`: `gpu` (whole cards), `gpu.shared` (a time-slice of a card on a
     `timeSlicing` node: memory is shared, never by accident) or `mig-<profile>` (a MIG instance, e.g. `mig-3g.40gb`)."""

@@ -20,14 +20,23 @@ from testbed.node.join import DNS_SOURCE
 pytestmark = pytest.mark.skipif(shutil.which("go") is None or shutil.which("openssl") is None, reason="needs go and openssl")
 
 SERVICES = {("vllm-qwen", "ai"): "10.96.7.8"}
+ENDPOINTS = {("vllm-big-group", "ai"): {"subsets": [{
+    # A LeaderWorkerSet's headless Service (publishNotReadyAddresses): a leader Ready, one not yet, one with no hostname.
+    "addresses": [{"ip": "10.244.1.7", "hostname": "vllm-big-group-0"}, {"ip": "10.244.0.9"}],
+    "notReadyAddresses": [{"ip": "10.244.1.8", "hostname": "vllm-big-group-1"}],
+}]}}
 
 
 class Api(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
-        parts = self.path.strip("/").split("/")  # api v1 namespaces NS services NAME
-        ip = SERVICES.get((parts[-1], parts[3])) if len(parts) == 6 else None
-        body = json.dumps({"spec": {"clusterIP": ip}}).encode() if ip else b"{}"
-        self.send_response(200 if ip else 404)
+        parts = self.path.strip("/").split("/")  # api v1 namespaces NS services|endpoints NAME
+        if len(parts) == 6 and parts[4] == "endpoints":
+            found = ENDPOINTS.get((parts[5], parts[3]))
+        else:
+            ip = SERVICES.get((parts[-1], parts[3])) if len(parts) == 6 else None
+            found = {"spec": {"clusterIP": ip}} if ip else None
+        body = json.dumps(found).encode() if found else b"{}"
+        self.send_response(200 if found else 404)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
@@ -96,3 +105,13 @@ def test_search_path_tries_get_nxdomain_until_the_right_one(dns: tuple[str, int]
 def test_other_record_types_of_a_service_are_empty_not_missing(dns: tuple[str, int]) -> None:
     # NODATA, not NXDOMAIN: a resolver asking A and AAAA together keeps the A answer.
     assert ask(dns, "vllm-qwen.ai.svc.cluster.local", qtype=28) == (0, [])
+
+
+def test_a_pod_of_a_headless_service_resolves_to_its_ip(dns: tuple[str, int]) -> None:
+    """LWS_LEADER_ADDRESS (`<leader>.<set>.<namespace>`) through the search path: the address of that hostname in the
+    headless Service's Endpoints, Ready or not yet; another name, or another Service, is not there (the worker retries)."""
+    assert ask(dns, "vllm-big-group-0.vllm-big-group.ai.ai.svc.cluster.local") == (3, [])
+    assert ask(dns, "vllm-big-group-0.vllm-big-group.ai.svc.cluster.local") == (0, ["10.244.1.7"])
+    assert ask(dns, "vllm-big-group-1.vllm-big-group.ai.svc.cluster.local") == (0, ["10.244.1.8"])
+    assert ask(dns, "vllm-big-group-2.vllm-big-group.ai.svc.cluster.local") == (3, [])
+    assert ask(dns, "vllm-big-group-0.vllm-qwen.ai.svc.cluster.local") == (3, [])

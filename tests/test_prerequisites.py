@@ -317,3 +317,29 @@ def test_a_held_model_on_the_endpoint_needs_its_backends_kinds_and_no_pool(api, 
 def test_without_the_endpoint_nothing_of_it_is_checked() -> None:
     paths = {need.path for need in needs(parse(prod_raw()))}
     assert not paths & ({ENVOY_GATEWAY, AI_GATEWAY, POOLS, ENDPOINT_GATEWAY} | HELD_BACKEND_KINDS)
+
+
+def test_a_model_spanning_nodes_needs_leader_worker_set_and_no_deployment_of_its_old_shape(api, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """LeaderWorkerSet's CRD and webhook (issue #41); and the model's Deployment from before `nodesPerReplica`, which
+    holds the GPUs its groups wait for until the `up` deletes it at the end: present, it is what is warned of."""
+    server, handler = api
+    document = yaml.safe_load((ROOT / "docs/examples/Pulumi.multinode.yaml").read_text())["config"]
+    raw = {key.split(":", 1)[1]: value for key, value in document.items()}
+    raw["cluster"] = {**raw["cluster"], "autoscaling": "none", "monitoring": {"podMonitor": False, "alerts": False}}
+    raw["models"][0]["replicas"] = {"min": 1, "max": 1}
+    crd = f"{CRDS}/leaderworkersets.leaderworkerset.x-k8s.io"
+    webhook = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/lws-mutating-webhook-configuration"
+    old = "/apis/apps/v1/namespaces/ai/deployments/vllm-llama-405b"
+    warnings, _ = check(parse(raw), kubeconfig(server, context="multinode"), ".kube/multinode.yaml", tmp_path)
+    assert len(warnings) == 1 and "LeaderWorkerSet is not installed" in warnings[0] and webhook not in handler.seen
+    handler.present.add(crd)
+    warnings, _ = check(parse(raw), kubeconfig(server, context="multinode"), ".kube/multinode.yaml", tmp_path)
+    assert len(warnings) == 1 and "no lws-mutating-webhook-configuration" in warnings[0]
+    handler.present.update({webhook, old})
+    warnings, _ = check(parse(raw), kubeconfig(server, context="multinode"), ".kube/multinode.yaml", tmp_path)
+    assert warnings == ["cluster prerequisite: models[0] (llama-405b) now spans 2 nodes, but its Deployment vllm-llama-405b "
+                        "from before still holds its GPUs, and `pulumi up` deletes it only after the LeaderWorkerSet, which "
+                        "waits for GPUs; with none to spare for both, delete it first (`kubectl -n ai delete deployment "
+                        "vllm-llama-405b`: the model is down until its groups are Ready), then `pulumi up`"]
+    handler.present.discard(old)
+    assert check(parse(raw), kubeconfig(server, context="multinode"), ".kube/multinode.yaml", tmp_path) == ([], [])

@@ -270,7 +270,8 @@ def test_no_page_names_a_path_of_the_machine_it_was_written_on() -> None:
 
 def readme_stack() -> str:
     section = readme()[readme().index("## Your own stack"):readme().index("## What `pulumi up` then does")]
-    (block,) = [b for b in fenced_blocks(section) if b.lang == "yaml"]
+    # The stack file to copy; the section's other YAML blocks are pieces of one (a model's entry).
+    (block,) = [b for b in fenced_blocks(section) if b.lang == "yaml" and b.body.startswith("config:")]
     return block.body
 
 

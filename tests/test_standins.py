@@ -13,6 +13,7 @@ import queue
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -419,3 +420,50 @@ def test_the_stand_ins_need_only_the_standard_library(module: Any) -> None:
     imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
     imported |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
     assert imported - {"__future__"} <= sys.stdlib_module_names
+
+
+# ---- a group spanning nodes (vLLM's own launcher, issue #41) ----------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_a_group_serves_once_every_rank_joined_and_stops_when_one_goes(downloaded: Path, start_sim: Any) -> None:
+    master = free_port()
+    group = ("--nnodes=2", "--pipeline-parallel-size=2", "--master-addr=127.0.0.1", f"--master-port={master}")
+    leader = start_sim(downloaded, *group, "--node-rank=0", wait=False)
+    leader.wait_for(r"rank 0 of 2: waiting for the other ranks")
+    with pytest.raises(AssertionError):
+        leader.wait_for(r"serving ", timeout=1)  # no API before the whole group is there
+    worker = start_sim(downloaded, *group, "--node-rank=1", "--headless", wait=False)
+    worker.wait_for(rf"rank 1 of 2 joined the leader at 127\.0\.0\.1:{master}")
+    leader.port = int(leader.wait_for(r"serving .* on http://127\.0\.0\.1:(\d+)")[1])
+    status, body = leader.request("GET", "/v1/models")
+    assert status == 200 and json.loads(body)["data"][0]["group"] == [{"rank": 1, "address": "127.0.0.1"}]
+    with pytest.raises(AssertionError):
+        worker.wait_for(r"serving ", timeout=0.5)  # headless: no API of its own
+    worker.process.kill()
+    assert leader.process.wait(10) == 1
+    leader.wait_for(r"ERROR: vllm_sim: lost a rank of the group")
+
+
+def test_a_rank_that_cannot_reach_its_leader_says_where_it_looked(downloaded: Path, start_sim: Any) -> None:
+    port = free_port()
+    worker = start_sim(downloaded, "--nnodes=2", "--pipeline-parallel-size=2", "--node-rank=1", "--headless",
+                       "--master-addr=127.0.0.1", f"--master-port={port}", "--sim-join-seconds=1", wait=False)
+    assert worker.process.wait(20) == 1
+    worker.wait_for(rf"ERROR: vllm_sim: rank 1 could not reach the leader at 127\.0\.0\.1:{port} within 1s")
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--nnodes=2", "--node-rank=2"], "--node-rank 2 is not in [0, 2)"),
+    (["--nnodes=3", "--pipeline-parallel-size=2"], "--nnodes 3 does not divide the world size 1 x 2"),
+    (["--nnodes=2", "--pipeline-parallel-size=2", "--distributed-executor-backend=ray"], "needs --distributed-executor-backend mp"),
+    (["--headless"], "--headless is for the ranks above 0"),
+])
+def test_group_flags_are_checked_as_vllm_checks_them(args: list[str], says: str) -> None:
+    with pytest.raises(vllm_sim.StartupError, match=re.escape(says)):
+        vllm_sim.parse_args(["org/model", *args])

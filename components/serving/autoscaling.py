@@ -8,7 +8,7 @@ import pulumi_kubernetes as k8s
 import yaml
 
 from components.serving.hold import wake_trigger
-from components.serving.names import object_name
+from components.serving.names import workload
 from stacks.config import ClusterConfig, Model
 from stacks.config.cluster import RequestHold
 
@@ -31,9 +31,9 @@ def autoscaler(cluster: ClusterConfig, model: Model) -> Literal["hpa", "keda", "
 
 
 def hpa_spec(model: Model) -> k8s.autoscaling.v2.HorizontalPodAutoscalerSpecArgs:
-    v2 = k8s.autoscaling.v2
+    v2, (api_version, kind, name) = k8s.autoscaling.v2, workload(model)
     return v2.HorizontalPodAutoscalerSpecArgs(
-        scale_target_ref=v2.CrossVersionObjectReferenceArgs(api_version="apps/v1", kind="Deployment", name=object_name(model)),
+        scale_target_ref=v2.CrossVersionObjectReferenceArgs(api_version=api_version, kind=kind, name=name),
         min_replicas=model.replicas.min,
         max_replicas=model.replicas.max,
         # CPU says nothing about an inference server; its queue does.
@@ -96,7 +96,8 @@ def scaled_object(model: Model, namespace: str, prometheus_url: str, hold: Reque
     which wakes it (0 → 1) and keeps it up while requests are held or in flight; after `idleAfter` with every
     trigger inactive KEDA takes the last pod (`cooldownPeriod` applies to that step only)."""
     spec: dict[str, Any] = {
-        "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": object_name(model)},
+        # A LeaderWorkerSet's scale subresource counts groups, and selects their leaders for the queue metric.
+        "scaleTargetRef": dict(zip(("apiVersion", "kind", "name"), workload(model), strict=True)),
         "minReplicaCount": model.replicas.min,
         "maxReplicaCount": model.replicas.max,
     }

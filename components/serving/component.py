@@ -14,6 +14,7 @@ from components.serving.credentials import api_key_annotation
 from components.serving.drain import disruption_budget_spec
 from components.serving.edge import (
     egress_policy_spec,
+    group_policy_spec,
     in_cluster_url,
     ingress_annotations,
     ingress_spec,
@@ -35,6 +36,7 @@ from components.serving.names import (
     object_name,
     secret_name,
     weights_label,
+    workload,
 )
 from components.serving.picker import (
     CONFIG,
@@ -50,7 +52,7 @@ from components.serving.picker import (
     picker_service_spec,
     role_rules,
 )
-from components.serving.server import deployment_spec
+from components.serving.server import LWS_WAIT, deployment_spec, leader_worker_set_spec
 from stacks.config import ClusterConfig, Model
 from stacks.config.budgets import IMAGE_PULL_S, deployment_timeout_seconds, download_deadline_seconds
 
@@ -95,8 +97,8 @@ def credentials_note(model: Model, namespace: str) -> str:
 
 
 class VllmService(pulumi.ComponentResource):
-    """Secret, pre-download Job, Deployment, Service, PodDisruptionBudget, NetworkPolicies, a smoke-test Job, and when
-    configured an Ingress and an autoscaler, for one model."""
+    """Secret, pre-download Job, Deployment (for a model spanning nodes a LeaderWorkerSet), Service, PodDisruptionBudget,
+    NetworkPolicies, a smoke-test Job, and when configured an Ingress and an autoscaler, for one model."""
 
     url: pulumi.Output[str]
     """OpenAI base URL inside the cluster."""
@@ -150,16 +152,29 @@ class VllmService(pulumi.ComponentResource):
             api_key_annotation(args.rollout_salt, args.api_key, namespace, model.name)
             if args.api_key is not None and args.rollout_salt is not None else None
         )
-        deployment = k8s.apps.v1.Deployment(
-            f"{name}-deployment",
-            metadata=meta(base, "inference-server"),
-            spec=deployment_spec(model, cluster, args.claim_name, uses_api_key, key_annotation, cached=bool(args.holders)),
-            opts=pulumi.ResourceOptions(
-                parent=self,
-                depends_on=[*downloaded, *secrets, *args.after],
-                custom_timeouts=pulumi.CustomTimeouts(create=rollout, update=rollout),
-            ),
+        serving_opts = pulumi.ResourceOptions(
+            parent=self,
+            depends_on=[*downloaded, *secrets, *args.after],
+            custom_timeouts=pulumi.CustomTimeouts(create=rollout, update=rollout),
         )
+        servers: pulumi.CustomResource
+        if model.spans_nodes:
+            api_version, kind, group = workload(model)
+            servers = k8s.apiextensions.CustomResource(
+                f"{name}-leader-worker-set", api_version=api_version, kind=kind,
+                metadata=meta(group, "inference-server", {"pulumi.com/waitFor": LWS_WAIT}),
+                spec=leader_worker_set_spec(model, cluster, args.claim_name, uses_api_key, key_annotation, cached=bool(args.holders)),
+                opts=serving_opts,
+            )
+            k8s.networking.v1.NetworkPolicy(f"{name}-group", metadata=meta(f"{base}-group", "inference-server"),
+                                            spec=group_policy_spec(model), opts=child)
+        else:
+            servers = k8s.apps.v1.Deployment(
+                f"{name}-deployment",
+                metadata=meta(base, "inference-server"),
+                spec=deployment_spec(model, cluster, args.claim_name, uses_api_key, key_annotation, cached=bool(args.holders)),
+                opts=serving_opts,
+            )
         service = k8s.core.v1.Service(f"{name}-service", metadata=meta(base, "inference-server"), spec=service_spec(model), opts=child)
         endpoint_peers = ()
         # A held model on the endpoint is reached through its hold (the teams' routes send to the interceptor):
@@ -167,7 +182,7 @@ class VllmService(pulumi.ComponentResource):
         if args.on_endpoint and not model.scales_to_zero:
             endpoint_peers = (data_plane_peer(cluster), k8s.networking.v1.NetworkPolicyPeerArgs(
                 pod_selector=k8s.meta.v1.LabelSelectorArgs(match_labels=picker_labels(model))))
-            self._pool(name, model, cluster, meta, deployment)
+            self._pool(name, model, cluster, meta, servers)
         k8s.networking.v1.NetworkPolicy(
             f"{name}-network-policy",
             metadata=meta(base, "inference-server"),
@@ -225,7 +240,7 @@ class VllmService(pulumi.ComponentResource):
                 spec=smoke_job_spec(model, namespace, uses_api_key, cluster, key_annotation, hold),
                 opts=pulumi.ResourceOptions(
                     parent=self,
-                    depends_on=[deployment, *edge_after],
+                    depends_on=[servers, *edge_after],
                     delete_before_replace=True,
                     custom_timeouts=pulumi.CustomTimeouts(create=smoke_wait, update=smoke_wait),
                 ),
@@ -251,10 +266,10 @@ class VllmService(pulumi.ComponentResource):
             )
 
         scaler = autoscaler(cluster, model)
-        after_deployment = pulumi.ResourceOptions(parent=self, depends_on=[deployment])
+        after_servers = pulumi.ResourceOptions(parent=self, depends_on=[servers])
         if scaler == "hpa":
             k8s.autoscaling.v2.HorizontalPodAutoscaler(
-                f"{name}-hpa", metadata=meta(base, "autoscaler"), spec=hpa_spec(model), opts=after_deployment
+                f"{name}-hpa", metadata=meta(base, "autoscaler"), spec=hpa_spec(model), opts=after_servers
             )
         elif scaler == "keda":
             k8s.apiextensions.CustomResource(
@@ -263,7 +278,7 @@ class VllmService(pulumi.ComponentResource):
                 kind="ScaledObject",
                 metadata=meta(base, "autoscaler"),
                 spec=scaled_object(model, namespace, cluster.prometheus_url, hold),
-                opts=after_deployment,
+                opts=after_servers,
             )
 
         self.url = pulumi.Output.from_input(held_url(model, namespace, hold) if hold is not None else in_cluster_url(model, namespace))
@@ -278,11 +293,12 @@ class VllmService(pulumi.ComponentResource):
                 "servedModelName": self.served_model_name,
                 "gpusPerReplica": self.gpus_per_replica,
                 "replicas": self.replicas,
-                "deployment": deployment.metadata.apply(lambda m: m.name),
+                # The workload's name once it exists.
+                ("leaderWorkerSet" if model.spans_nodes else "deployment"): servers.urn.apply(lambda _: workload(model)[2]),
             }
         )
 
-    def _pool(self, name: str, model: Model, cluster: ClusterConfig, meta: Any, deployment: pulumi.Resource) -> None:
+    def _pool(self, name: str, model: Model, cluster: ClusterConfig, meta: Any, servers: pulumi.Resource) -> None:
         """The InferencePool the teams' routes name, and its picker with exactly the reads it needs."""
         picker, child = picker_name(model), pulumi.ResourceOptions(parent=self)
         k8s.core.v1.ServiceAccount(f"{name}-picker-account", metadata=meta(picker, PICKER_COMPONENT), opts=child)
@@ -300,7 +316,7 @@ class VllmService(pulumi.ComponentResource):
         pool = k8s.apiextensions.CustomResource(
             f"{name}-pool", api_version=f"{INFERENCE_GROUP}/v1", kind="InferencePool",
             metadata=meta(object_name(model), "inference-server"), spec=inference_pool_spec(model),
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[deployment]),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[servers]),
         )
         k8s.apps.v1.Deployment(
             f"{name}-picker", metadata=meta(picker, PICKER_COMPONENT),

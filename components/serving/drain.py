@@ -16,7 +16,7 @@ from __future__ import annotations
 import pulumi_kubernetes as k8s
 
 from components.serving.edge import PROXY_TIMEOUT_S
-from components.serving.names import selector_labels
+from components.serving.names import members_selector, selector_labels
 from stacks.config import Model
 from stacks.config.models import image_version
 
@@ -56,10 +56,12 @@ def lifecycle() -> k8s.core.v1.LifecycleArgs:
 
 def disruption_budget_spec(model: Model) -> k8s.policy.v1.PodDisruptionBudgetSpecArgs:
     """One pod at a time: a node drain never takes every replica at once, and with a single
-    replica it still proceeds (minAvailable 1 would block the drain forever)."""
+    replica it still proceeds (minAvailable 1 would block the drain forever). A model spanning nodes counts every
+    member: evicting one recreates its whole group, whose pods are then unavailable, so a drain takes no member of
+    another group until that group is back."""
     return k8s.policy.v1.PodDisruptionBudgetSpecArgs(
         max_unavailable=1,
-        selector=k8s.meta.v1.LabelSelectorArgs(match_labels=selector_labels(model)),
+        selector=members_selector(model) if model.spans_nodes else k8s.meta.v1.LabelSelectorArgs(match_labels=selector_labels(model)),
         # A pod that never got Ready (still loading, crash-looping) may be evicted regardless.
         unhealthy_pod_eviction_policy="AlwaysAllow",
     )

@@ -7,7 +7,17 @@ from typing import Any
 import pulumi_kubernetes as k8s
 
 from components.cluster import PART_OF, applied_annotations
-from components.serving.names import PORT, SERVER_LABELS, hold_host, hold_name, instance_labels, object_name, selector_labels
+from components.serving.names import (
+    MEMBERS,
+    PORT,
+    SERVER_LABELS,
+    hold_host,
+    hold_name,
+    instance_labels,
+    members_selector,
+    object_name,
+    selector_labels,
+)
 from stacks.config import ClusterConfig, Model
 
 PROXY_TIMEOUT_S = 600
@@ -168,10 +178,26 @@ def servers_egress_policy(cluster: ClusterConfig, models: list[Model]) -> dict[s
         metadata=k8s.meta.v1.ObjectMetaArgs(name=SERVERS_EGRESS, namespace=cluster.namespace, labels=PART_OF,
                                             annotations=applied_annotations(cluster)),
         spec=net.NetworkPolicySpecArgs(
-            pod_selector=k8s.meta.v1.LabelSelectorArgs(match_labels=dict(SERVER_LABELS)), policy_types=["Egress"],
+            pod_selector=servers_selector(models), policy_types=["Egress"],
             egress=[net.NetworkPolicyEgressRuleArgs(to=[_peer(config.dns_namespace, config.dns_pod_labels)], ports=dns)],
         ),
     )
+
+
+def servers_selector(models: list[Model]) -> Any:
+    """Every model's serving pods; with a model spanning nodes, also its groups' workers (they resolve the leader's name)."""
+    if any(m.spans_nodes for m in models):
+        return {"matchLabels": {"app.kubernetes.io/name": SERVER_LABELS["app.kubernetes.io/name"]}, "matchExpressions": [MEMBERS]}
+    return k8s.meta.v1.LabelSelectorArgs(match_labels=dict(SERVER_LABELS))
+
+
+def group_policy_spec(model: Model) -> dict[str, Any]:
+    """A model spanning nodes: its group members reach each other on any port (torch.distributed's store on the
+    leader, NCCL's sockets and vLLM's own queues between the stages pick theirs at run time), and nothing else does.
+    Members of another group of the same model are admitted too: a selector cannot name "my group"."""
+    members = {"podSelector": members_selector(model)}
+    return {"podSelector": members_selector(model), "policyTypes": ["Ingress", "Egress"],
+            "ingress": [{"from": [members]}], "egress": [{"to": [members]}]}
 
 
 def egress_policy_spec(model: Model) -> k8s.networking.v1.NetworkPolicySpecArgs | None:
@@ -182,8 +208,8 @@ def egress_policy_spec(model: Model) -> k8s.networking.v1.NetworkPolicySpecArgs 
     net = k8s.networking.v1
     peers = [net.NetworkPolicyPeerArgs(ip_block=net.IPBlockArgs(cidr=cidr)) for cidr in model.egress_cidrs]
     return net.NetworkPolicySpecArgs(
-        pod_selector=k8s.meta.v1.LabelSelectorArgs(match_labels=selector_labels(model)), policy_types=["Egress"],
-        egress=[net.NetworkPolicyEgressRuleArgs(to=peers)],
+        pod_selector=members_selector(model) if model.spans_nodes else k8s.meta.v1.LabelSelectorArgs(match_labels=selector_labels(model)),
+        policy_types=["Egress"], egress=[net.NetworkPolicyEgressRuleArgs(to=peers)],
     )
 
 

@@ -10,7 +10,7 @@ import pulumi_kubernetes as k8s
 
 from components.cluster import PART_OF, applied_annotations
 from components.serving.autoscaling import QUEUE_GAUGE
-from components.serving.names import SERVER_LABELS, download_job_name, object_name
+from components.serving.names import SERVER_LABELS, download_job_name, object_name, workload
 from stacks.config import ClusterConfig, Model
 from stacks.config.budgets import deployment_timeout_seconds
 
@@ -53,9 +53,12 @@ def alert_rules(model: Model, namespace: str) -> list[dict[str, Any]]:
     """The alerts, as Prometheus rule entries. `kube_*` series come from kube-state-metrics
     (part of kube-prometheus-stack); `vllm:*` from the servers' PodMonitor."""
     where = f'namespace="{namespace}",model_name="{model.name}"'
-    deployment = object_name(model)
-    selector = f'namespace="{namespace}",deployment="{deployment}"'
-    available = f"kube_deployment_status_replicas_available{{{selector}}}"
+    deployment = workload(model)[2]
+    # A LeaderWorkerSet's leaders are one StatefulSet of its name (kube-state-metrics has no series of the set itself):
+    # a group is available when its leader is, and the leader is Ready only with every stage joined.
+    kind = "statefulset" if model.spans_nodes else "deployment"
+    selector = f'namespace="{namespace}",{kind}="{deployment}"'
+    available = f"kube_{kind}_status_replicas_available{{{selector}}}"
     # A rollout without surge takes the only replica down while the new pod pulls the image and
     # loads: alert only when that overran the whole rollout budget (pull + startup + margin,
     # the Deployment's own progress deadline).
@@ -85,7 +88,8 @@ def alert_rules(model: Model, namespace: str) -> list[dict[str, Any]]:
             _minutes(allowed_s),
             "critical",
             f"{model.name}: no vLLM pod is ready",
-            f"Deployment {namespace}/{deployment} has had no available replica (or no metric) for longer than "
+            (f"LeaderWorkerSet {namespace}/{deployment} has had no group with its leader available" if model.spans_nodes else
+             f"Deployment {namespace}/{deployment} has had no available replica") + " (or no metric) for longer than "
             + ("its cold start timeout while one was wanted: held requests get 502" if model.scales_to_zero else
                "a rollout may take (image pull + startup budget)")
             + ": the model is down. Look at `kubectl describe pod` "

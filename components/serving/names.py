@@ -49,7 +49,33 @@ def selector_labels(model: Model) -> dict[str, str]:
 
 SERVER_LABELS = {"app.kubernetes.io/name": "vllm", "app.kubernetes.io/component": "inference-server"}
 """Every model's serving pods (its `selector_labels` without the instance), and nothing else: not the download and
-smoke-test Jobs, the pickers or the holds."""
+smoke-test Jobs, the pickers or the holds. A group's leader (a model spanning nodes) is its serving pod."""
+
+WORKER_COMPONENT = "inference-worker"
+"""The members of a group other than its leader (a model spanning nodes): vLLM without its API (`--headless`), so no
+Service, PodMonitor or pool selects them."""
+
+MEMBERS = {"key": "app.kubernetes.io/component", "operator": "In", "values": [SERVER_LABELS["app.kubernetes.io/component"],
+                                                                             WORKER_COMPONENT]}
+"""A selector's expression for every pod that runs vLLM: serving pods and a group's workers."""
+
+
+def members_selector(model: Model) -> dict[str, object]:
+    """Every pod of the model that runs vLLM (its serving pods and, for a group, the workers), as a LabelSelector."""
+    return {"matchLabels": instance_labels(model), "matchExpressions": [MEMBERS]}
+
+
+LWS_API = "leaderworkerset.x-k8s.io/v1"
+
+
+def workload(model: Model) -> tuple[str, str, str]:
+    """(apiVersion, kind, name) of what runs the model's pods: the Deployment `vllm-<name>`, or for a model spanning
+    nodes the LeaderWorkerSet `vllm-<name>-group`. Not the Service's name: LeaderWorkerSet makes a headless Service of
+    its own name for its pods' DNS names (the leader's address), and skips it when a Service of that name exists, so
+    the workers would never resolve their leader."""
+    if model.spans_nodes:
+        return LWS_API, "LeaderWorkerSet", f"{object_name(model)}-group"
+    return "apps/v1", "Deployment", object_name(model)
 
 
 def labels(model: Model, component: str) -> dict[str, str]:

@@ -1,9 +1,11 @@
-"""The vLLM server: container arguments, probes, environment, pod and Deployment."""
+"""The vLLM server: container arguments, probes, environment, pod, and the Deployment or (for a model spanning
+nodes) the LeaderWorkerSet that runs it."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pulumi
 import pulumi_kubernetes as k8s
@@ -17,6 +19,7 @@ from components.serving.names import (
     MODEL_MOUNT,
     PORT,
     WEIGHTS_VERIFIED,
+    WORKER_COMPONENT,
     labels,
     secret_name,
     selector_labels,
@@ -50,6 +53,32 @@ def container_args(model: Model) -> list[str]:
         *shutdown_args(model),
         *lora_args(model),
         *model.extra_args,
+    ]
+
+
+MASTER_PORT = 29501
+"""Where a group's leader listens for its workers (torch.distributed's store; vLLM's default `--master-port`)."""
+
+LEADER_ADDRESS, WORKER_INDEX = "$(LWS_LEADER_ADDRESS)", "$(LWS_WORKER_INDEX)"
+"""Set in every member's environment by LeaderWorkerSet's pod webhook (the leader's DNS name in the group's headless
+Service, the member's index: 0 for the leader); the kubelet expands `$(NAME)` in the arguments."""
+
+
+def group_args(model: Model, worker: bool) -> list[str]:
+    """A member of a group spanning `nodesPerReplica` nodes: one pipeline stage per node, tensor parallelism within it,
+    joined by vLLM's own multi-node launcher (`mp`, no Ray cluster to run beside it). The leader (rank 0) serves the API;
+    the workers run `--headless` and join it. Empty for a model on one node."""
+    if not model.spans_nodes:
+        return []
+    rank = WORKER_INDEX if worker else "0"
+    return [
+        f"--pipeline-parallel-size={model.nodes_per_replica}",
+        "--distributed-executor-backend=mp",
+        f"--nnodes={model.nodes_per_replica}",
+        f"--node-rank={rank}",
+        f"--master-addr={LEADER_ADDRESS}",
+        f"--master-port={MASTER_PORT}",
+        *(["--headless"] if worker else []),
     ]
 
 
@@ -191,12 +220,14 @@ def verify_weights(model: Model) -> k8s.core.v1.ContainerArgs:
 
 
 def pod_spec(
-    model: Model, cluster: ClusterConfig, claim_name: pulumi.Input[str], api_key: bool, cached: bool = False,
+    model: Model, cluster: ClusterConfig, claim_name: pulumi.Input[str], api_key: bool, cached: bool = False, worker: bool = False,
 ) -> k8s.core.v1.PodSpecArgs:
     """`cached`: the claim is the stack's node cache (modelStorage.type nodeCache): the pods run only on nodes that hold
-    the weights, spread over them, and leave a lost node after `cluster.nodeLossEvictionSeconds`."""
+    the weights, spread over them, and leave a lost node after `cluster.nodeLossEvictionSeconds`. `worker`: a group's
+    member other than its leader, which serves no API, so nothing probes it (a dead worker restarts the group)."""
     shm = shm_size_gi(model.gpus_per_replica)
     scratch, scratch_mounts = scratch_volumes(model)
+    serves = not worker
     return k8s.core.v1.PodSpecArgs(
         init_containers=[verify_weights(model)] if cached else None,
         containers=[
@@ -206,15 +237,15 @@ def pod_spec(
                 # Restarts must not depend on the registry, as they must not depend on the hub.
                 image_pull_policy="IfNotPresent",
                 command=SERVE_COMMAND,
-                args=container_args(model),
-                ports=[k8s.core.v1.ContainerPortArgs(name="http", container_port=PORT, protocol="TCP")],
+                args=[*container_args(model), *group_args(model, worker)],
+                ports=[k8s.core.v1.ContainerPortArgs(name="http", container_port=PORT, protocol="TCP")] if serves else None,
                 env=server_env(model, api_key),
                 resources=resources(model, shm),
                 volume_mounts=[MODEL_MOUNT_ARGS, k8s.core.v1.VolumeMountArgs(name="dshm", mount_path="/dev/shm"), *scratch_mounts],
-                startup_probe=startup_probe(model.weights_gb),
-                readiness_probe=readiness_probe(),
-                liveness_probe=liveness_probe(),
-                lifecycle=lifecycle(),
+                startup_probe=startup_probe(model.weights_gb) if serves else None,
+                readiness_probe=readiness_probe() if serves else None,
+                liveness_probe=liveness_probe() if serves else None,
+                lifecycle=lifecycle() if serves else None,
                 security_context=container_security_context(model),
             )
         ],
@@ -225,7 +256,8 @@ def pod_spec(
         ],
         node_selector=node_selector(model, cluster, cached),
         tolerations=[gpu_toleration(cluster), *(node_loss_tolerations(cluster) if cached else [])],
-        topology_spread_constraints=spread(model) if cached else None,
+        # A group's members each take a whole node: the GPUs spread them.
+        topology_spread_constraints=spread(model) if cached and not model.spans_nodes else None,
         runtime_class_name=cluster.runtime_class_name,
         # Service links would put e.g. VLLM_PORT=tcp://… into the env for a Service named `vllm`,
         # which vLLM reads as its own setting and refuses to start.
@@ -272,3 +304,42 @@ def deployment_spec(
             spec=pod_spec(model, cluster, claim_name, api_key, cached),
         ),
     )
+
+
+def leader_worker_set_spec(
+    model: Model, cluster: ClusterConfig, claim_name: pulumi.Input[str], api_key: bool,
+    rollout_annotations: dict[str, pulumi.Input[str]] | None = None, cached: bool = False,
+) -> dict[str, Any]:
+    """A model spanning nodes: `replicas` groups of `nodesPerReplica` pods, a leader (the serving pod: the Service, the
+    PodMonitor and the pool select it alone) and its workers, one whole node each. A group is the unit: its pods start
+    together (the leader waits for every stage), a member that fails or is evicted recreates the whole group, and a
+    rollout replaces one group at a time without a spare group's GPUs (as a Deployment's does)."""
+    scaled = autoscaler(cluster, model) != "none"
+
+    def template(component: str, worker: bool) -> dict[str, Any]:
+        annotations = {**((scrape_annotations(cluster) or {}) if not worker else {}), **(rollout_annotations or {})}
+        return {
+            "metadata": k8s.meta.v1.ObjectMetaArgs(labels=labels(model, component), annotations=annotations or None),
+            "spec": pod_spec(model, cluster, claim_name, api_key, cached, worker=worker),
+        }
+
+    return {
+        # An autoscaler owns the group count (the LeaderWorkerSet's scale subresource), as for a Deployment.
+        **({} if scaled else {"replicas": model.replicas.max}),
+        # The leader waits for its workers, which need its address: all of a group's pods start at once.
+        "startupPolicy": "LeaderCreated",
+        "rolloutStrategy": {"type": "RollingUpdate", "rollingUpdateConfiguration": {"maxUnavailable": 1, "maxSurge": 0}},
+        "leaderWorkerTemplate": {
+            "size": model.nodes_per_replica,
+            # One stage lost stops the whole pipeline: the group restarts as one, never half-joined.
+            "restartPolicy": "RecreateGroupOnPodRestart",
+            "leaderTemplate": template("inference-server", worker=False),
+            "workerTemplate": template(WORKER_COMPONENT, worker=True),
+        },
+    }
+
+
+LWS_WAIT = "condition=Available"
+"""`pulumi.com/waitFor` of a LeaderWorkerSet: the provider awaits no custom resource by itself, and Available is what
+LeaderWorkerSet sets once every group is ready (its leader passed its probes, which only happens with every stage
+joined). The provider compares conditions, not generations: an update's wait may end before the controller began."""

@@ -18,6 +18,8 @@ from . import (
     commands,
     edge,
     endpoint,
+    groups,
+    k8s,
     mig,
     monitoring,
     network,
@@ -31,7 +33,7 @@ from .core import ADVISORY, MANDATORY, Resource, Rule, Violation, evaluate, form
 
 ALL_RULES: list[Rule] = [
     *workloads.RULES, *servers.RULES, *reproducible.RULES, *storage.RULES, *cache.RULES, *commands.RULES, *capacity.RULES,
-    *mig.RULES, *autoscaling.RULES,
+    *mig.RULES, *autoscaling.RULES, *groups.RULES,
     *edge.RULES, *endpoint.RULES, *network.RULES, *podsecurity.RULES, *monitoring.RULES, *coldstart.RULES,
 ]
 
@@ -80,7 +82,7 @@ def check_resources(
     {"gpu-startup-probe": {"minStartupSeconds": 900}, ...}.
     """
     items = [r if isinstance(r, Resource) else to_resource(r, source) for r in resources]
-    return evaluate(ALL_RULES, items, config)
+    return evaluate(ALL_RULES, [member for r in items for member in k8s.members(r)], config)
 
 
 def has_mandatory(violations: Iterable[Violation]) -> bool:

@@ -134,7 +134,7 @@ def _holders_problem(w: Workload, key: str, labels: Mapping[str, Mapping[str, st
         return None  # a holder whose GPUs the labels in view do not declare (another product or count label): unknown supply
     product = k8s.node_label_value(w.spec, product_label)
     usable = [by_name[n] for n in holders if product is None or by_name[n].product == product]
-    replicas = max_replicas(w, all_scalers)
+    replicas = max_replicas(w, all_scalers) * w.pods_per_replica
     for resource, per_pod in w.gpu_resources.items():
         supply = sum(_gpus(n, resource) for n in usable)
         largest = max((_gpus(n, resource) for n in usable), default=0)

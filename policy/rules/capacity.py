@@ -83,7 +83,7 @@ def check_gpu_capacity(resources: list[Resource], cfg: Mapping) -> Iterator[tupl
     for w in workloads(resources):
         product = k8s.node_label_value(w.spec, product_label) if w.gpu_resources else None
         for name, per_pod in w.gpu_resources.items():
-            demand.append((w, product, name, per_pod * max_replicas(w, all_scalers)))
+            demand.append((w, product, name, per_pod * max_replicas(w, all_scalers) * w.pods_per_replica))
     wanted: dict[tuple[str | None, str], int] = defaultdict(int)
     for _, product, name, gpus in demand:
         wanted[(product, name)] += gpus

@@ -113,6 +113,9 @@ class Resource:
     options: Mapping[str, Any] = field(default_factory=dict)
     urn: str = ""
     source: str = "-"
+    member: str = ""
+    """For one of the pod templates of a resource that has several (a LeaderWorkerSet's `leader` and `workers`): which;
+    `props` then hold that template as `spec.template` (rules.k8s.members)."""
 
     @property
     def view(self) -> KnownMap:
@@ -127,9 +130,8 @@ class Resource:
         """metadata.name when known, else the Pulumi logical name."""
         meta = self.props.get("metadata")
         name = meta.get("name") if isinstance(meta, Mapping) else None
-        if isinstance(name, str) and name and not is_unknown(name):
-            return name
-        return self.name
+        shown = name if isinstance(name, str) and name and not is_unknown(name) else self.name
+        return f"{shown} ({self.member})" if self.member else shown
 
 
 @dataclass(frozen=True, order=True)

@@ -7,7 +7,7 @@ import posixpath
 import re
 import shlex
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .core import EMPTY, Resource, attempt
@@ -34,9 +34,10 @@ SERVICE = "kubernetes:core/v1:Service"
 NODE_PATCH = "kubernetes:core/v1:NodePatch"
 NODE = "kubernetes:core/v1:Node"
 COMMAND = "command:remote:Command"
+LWS = "kubernetes:leaderworkerset.x-k8s.io/v1:LeaderWorkerSet"
 
-WORKLOADS = frozenset({DEPLOYMENT, STATEFULSET, POD, JOB})
-SCALABLE = frozenset({DEPLOYMENT, STATEFULSET})
+WORKLOADS = frozenset({DEPLOYMENT, STATEFULSET, POD, JOB, LWS})
+SCALABLE = frozenset({DEPLOYMENT, STATEFULSET, LWS})
 
 
 def as_map(value: Any) -> Mapping:
@@ -87,6 +88,34 @@ def duration_seconds(value: str) -> float | None:
 
 def namespace(props: Mapping) -> str:
     return dig(props, "metadata", "namespace") or "default"
+
+
+def members(resource: Resource) -> list[Resource]:
+    """What the rules see of a resource: itself; a LeaderWorkerSet as its two pod templates (`leader`, `workers`), each a
+    copy of it whose `spec.template` is that template, so every rule on pods reads both. Without a leaderTemplate the
+    leaders run the workerTemplate (LeaderWorkerSet's own default)."""
+    if resource.type != LWS:
+        return [resource]
+    props = dict(resource.props)
+    spec = props.get("spec") if isinstance(props.get("spec"), Mapping) else {}
+    templates = spec.get("leaderWorkerTemplate") if isinstance(spec.get("leaderWorkerTemplate"), Mapping) else {}
+    workers = templates.get("workerTemplate")
+    leader = templates.get("leaderTemplate") or workers
+    return [replace(resource, member=member, props={**props, "spec": {**spec, "template": template}})
+            for member, template in (("leader", leader), ("workers", workers))]
+
+
+def group_size(resource: Resource) -> int:
+    """Pods of one replica of a LeaderWorkerSet (its leader and workers); 1 for anything else."""
+    size = to_int(dig(resource.view, "spec", "leaderWorkerTemplate", "size")) if resource.type == LWS else None
+    return size if size is not None and size > 0 else 1
+
+
+def pods_per_replica(resource: Resource) -> int:
+    """Pods a resource's template runs per replica: a LeaderWorkerSet group has one leader and size - 1 workers."""
+    if resource.member == "workers":
+        return group_size(resource) - 1
+    return 1
 
 
 def pod_template(resource: Resource) -> Mapping | None:
@@ -266,6 +295,12 @@ def is_vllm_server(container: Mapping) -> bool:
     return vllm_image(container) and not as_list(container.get("command"))
 
 
+def is_headless_vllm(container: Mapping) -> bool:
+    """A vLLM server started `--headless`: a stage of a model spanning nodes that joins its leader and serves no API
+    (nothing to probe, no stream to drain; a failure restarts its whole group)."""
+    return is_vllm_server(container) and any(t == "--headless" or t.startswith("--headless=") for t in argv(container))
+
+
 def is_vllm(container: Mapping) -> bool:
     """Anything vLLM: a server, or another container of a vLLM image (it shares the caches)."""
     return vllm_image(container) or is_vllm_server(container) or "vllm.entrypoints" in " ".join(argv(container))
@@ -397,6 +432,8 @@ class Workload:
     vllm: bool
     gpu_resources: Mapping[str, int]
     """GPUs one pod holds, by resource (whole cards, time-slices, MIG instances)."""
+    pods_per_replica: int = 1
+    """Pods of this template per replica (a LeaderWorkerSet's workers: its size - 1)."""
 
     @property
     def gpus_per_pod(self) -> int:
@@ -409,7 +446,7 @@ def workloads(resources: Sequence[Resource]) -> list[Workload]:
     def read(r: Resource) -> Workload:
         spec = pod_template(r) or {}
         return Workload(r, namespace(r.view), dig(r.view, "metadata", "name"), spec,
-                        any(is_vllm_server(c) for c in containers(spec)), pod_gpu_resources(spec))
+                        any(is_vllm_server(c) for c in containers(spec)), pod_gpu_resources(spec), pods_per_replica(r))
 
     found = (attempt(read, r) for r in kinds_in(resources, WORKLOADS))
     return [w for w in found if w is not None]

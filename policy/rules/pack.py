@@ -16,7 +16,7 @@ from pulumi_policy import (
 )
 from pulumi_policy.proxy import UnknownValueError
 
-from . import ALL_RULES
+from . import ALL_RULES, k8s
 from .core import MANDATORY, Resource, Rule
 
 
@@ -72,8 +72,9 @@ def _resource_policy(rule: Rule) -> ResourceValidationPolicy:
         if args.resource_type not in rule.types:
             return
         resource = _resource(args.resource_type, args.name, args.urn, args.props, args.opts)
-        for message in rule.run_on(resource, rule.settings(args.get_config())):
-            report_violation(message)
+        for member in k8s.members(resource):
+            for message in rule.run_on(member, rule.settings(args.get_config())):
+                report_violation(f"{member.member}: {message}" if member.member else message)
 
     return ResourceValidationPolicy(name=rule.name, description=rule.description, validate=validate,
                                     enforcement_level=_level(rule), config_schema=_schema(rule))
@@ -81,7 +82,7 @@ def _resource_policy(rule: Rule) -> ResourceValidationPolicy:
 
 def _stack_policy(rule: Rule) -> StackValidationPolicy:
     def validate(args: StackValidationArgs, report_violation: ReportViolation) -> None:
-        resources = [_resource(r.resource_type, r.name, r.urn, r.props, r.opts) for r in args.resources]
+        resources = [member for r in args.resources for member in k8s.members(_resource(r.resource_type, r.name, r.urn, r.props, r.opts))]
         for resource, message in rule.run_on_stack(resources, rule.settings(args.get_config())):
             report_violation(message, resource.urn or None)
 

@@ -38,7 +38,7 @@ def check_graceful_drain(resource: Resource, cfg: Mapping) -> Iterator[str]:
     grace = to_int(spec.get("terminationGracePeriodSeconds"))
     grace = DEFAULT_GRACE_S if grace is None else grace
     for c in k8s.containers(spec):
-        if not k8s.is_vllm_server(c):
+        if not k8s.is_vllm_server(c) or k8s.is_headless_vllm(c):
             continue
         name = container_name(c)
         pre_stop = prestop_seconds(c)

@@ -70,6 +70,8 @@ def check_gpu_probes(resource: Resource, cfg: Mapping) -> Iterator[str]:
     spec = _gpu_pod(resource)
     minimum = int(cfg["minStartupSeconds"])
     for c in k8s.gpu_containers(spec or {}):
+        if k8s.is_headless_vllm(c):
+            continue
         name = container_name(c)
         startup = c.get("startupProbe")
         if not isinstance(startup, Mapping):
@@ -197,11 +199,14 @@ def check_tensor_parallel(resource: Resource, _cfg: Mapping) -> Iterator[str]:
         world = parsed[0] * parsed[1]
         if gpus == 0 and world == 1:
             continue
-        if world != gpus:
+        # Spanning nodes (vLLM's own launcher), each of the --nnodes pods holds its share of the world.
+        nodes = to_int(k8s.flag_value(tokens, "--nnodes", "-n") or 1) or 1
+        if world != gpus * nodes:
+            spans = f" over {nodes} pods (--nnodes)" if nodes > 1 else ""
             yield (f"container '{container_name(c)}' runs vLLM with tensor-parallel x pipeline-parallel "
-                   f"= {world} but gets {gpus} {GPU}: with fewer GPUs vLLM falls back to Ray and times "
-                   f"out, with more the extra cards sit idle. Make --tensor-parallel-size equal the GPU "
-                   f"limit (all on one node: a pod never spans two servers).")
+                   f"= {world}{spans} but gets {gpus} {GPU}{' each' if nodes > 1 else ''}: with fewer GPUs vLLM falls back "
+                   f"to Ray and times out, with more the extra cards sit idle. Make --tensor-parallel-size equal the GPU "
+                   f"limit (all on one node: a pod never spans two servers; across nodes, one pipeline stage per pod).")
 
 
 # --- placement ---------------------------------------------------------------------------------

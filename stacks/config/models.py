@@ -165,7 +165,11 @@ BUNDLE_FLAGS = {
     "--model": "huggingFaceId", "--served-model-name": "name", "--revision": "revision",
     "--tokenizer-revision": "revision", "--host": "the bundle (0.0.0.0)", "--port": "the bundle (8000)",
     "--download-dir": "the bundle (the model volume)", "--tensor-parallel-size": "gpusPerReplica", "-tp": "gpusPerReplica",
-    "--pipeline-parallel-size": "gpusPerReplica (one pod owns exactly its GPUs)", "-pp": "gpusPerReplica (one pod owns exactly its GPUs)",
+    "--pipeline-parallel-size": "nodesPerReplica (one stage per node of a group)", "-pp": "nodesPerReplica (one stage per node of a group)",
+    "--nnodes": "nodesPerReplica", "-n": "nodesPerReplica", "--node-rank": "the bundle (each group member's index)",
+    "-r": "the bundle (each group member's index)", "--master-addr": "the bundle (the group's leader)",
+    "--master-port": "the bundle (the group's leader)", "--headless": "the bundle (a group's workers)",
+    "--distributed-executor-backend": "the bundle (mp: vLLM's own launcher, no Ray)",
     "--data-parallel-size": "replicas", "-dp": "replicas",
     "--gpu-memory-utilization": "gpuMemoryUtilization", "--max-model-len": "maxModelLen",
     "--api-key": "apiKeySecret (a literal would land in the manifest)",
@@ -261,7 +265,12 @@ class Model(_Model):
     """With `cluster.gpuFeatureDiscovery`: select nodes by GFD's `nvidia.com/gpu.product`
     (e.g. `NVIDIA-A100-SXM4-80GB`) instead of the stack's label."""
     gpus_per_replica: int = Field(1, ge=1, le=64)
-    """GPUs per pod, all on one node; also `--tensor-parallel-size`."""
+    """GPUs per pod, all on one node; also `--tensor-parallel-size`. With `nodesPerReplica` above 1, the GPUs of each
+    node of a group: all of that node's cards."""
+    nodes_per_replica: int = Field(1, ge=1, le=16)
+    """Nodes one replica spans, for a model larger than one node: a LeaderWorkerSet group of this many pods, one per
+    whole node (`gpusPerReplica` cards each), tensor parallelism within a node and pipeline parallelism across them
+    (vLLM's own multi-node launcher, no Ray); the group starts, restarts and rolls as one. 1: a Deployment."""
     gpu_resource: str = Field("gpu", pattern=GPU_RESOURCE)
     """What a pod asks for, after `nvidia.com/`: `gpu` (whole cards), `gpu.shared` (a time-slice of a card on a
     `timeSlicing` node: memory is shared, never by accident) or `mig-<profile>` (a MIG instance, e.g. `mig-3g.40gb`)."""
@@ -309,6 +318,15 @@ class Model(_Model):
     def disk_gb(self) -> float:
         """What the model takes on the volume: its weights and its adapters'."""
         return self.weights_gb + sum(a.weights_gb for a in self.lora.adapters) if self.lora else self.weights_gb
+
+    @property
+    def spans_nodes(self) -> bool:
+        """One replica is a group of pods on several nodes (a LeaderWorkerSet), not one pod (a Deployment)."""
+        return self.nodes_per_replica > 1
+
+    def pods(self, replicas: int) -> int:
+        """Pods of `replicas` replicas, each asking for `gpusPerReplica` GPUs: a group has one per node."""
+        return replicas * self.nodes_per_replica
 
     @property
     def scales_to_zero(self) -> bool:
@@ -362,6 +380,20 @@ class Model(_Model):
                "stack's failRequestsGreaterThanOne it refuses the pod)")
         raise _at_key("gpusPerReplica", f"{self.gpus_per_replica} with gpuResource {self.gpu_resource}: tensor parallelism "
                                         f"needs whole cards, and {why}; use gpusPerReplica: 1, or gpuResource: gpu")
+
+    @model_validator(mode="after")
+    def _groups(self) -> Model:
+        if not self.spans_nodes:
+            return self
+        if self.gpu_resource != "gpu":
+            raise _at_key("nodesPerReplica", f"{self.nodes_per_replica} with gpuResource {self.gpu_resource}: a group spans "
+                                             "whole nodes, each member all of its node's cards; use gpuResource: gpu")
+        if self.scales_to_zero:
+            # A held request would wait for a whole group to start (every node loading its stage), and KEDA's
+            # wake-up and the interceptor's hold are proven for Deployments only.
+            raise _at_key("replicas.min", f"0 with nodesPerReplica {self.nodes_per_replica}: a model spanning nodes does not "
+                                          "scale to zero; set min: 1 or more")
+        return self
 
     @model_validator(mode="after")
     def _non_root_image(self) -> Model:

@@ -55,6 +55,7 @@ class StackConfig(_Model):
             gpus.check_mig_model(self, i)
             lora.check_adapters(self, i)
             node_cache.check_model_nodes(self, i)
+            gpus.check_groups(self, i)
             scaling.check_replicas(self, i)
             edge.check_ingress(self, i)
         gpus.check_demand(self)

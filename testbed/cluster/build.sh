@@ -2,8 +2,9 @@
 # Build the loopback test cluster's binaries from pinned Go modules (versions.env): etcd,
 # kube-apiserver, kube-controller-manager, kube-scheduler, kubectl and kwok; the real node's kubelet,
 # kube-proxy and containerd (containerd, its runc shim, ctr); KEDA's HTTP add-on interceptor (the e2e's
-# held request, bin/interceptor-<version>); and fetch the CRD YAML
-# (KEDA, its HTTP add-on, Prometheus Operator, Gateway API) and kwok's Stage YAML. Everything lands in
+# held request, bin/interceptor-<version>); the LeaderWorkerSet controller (bin/lws-controller-<version>); and
+# fetch the CRD YAML (KEDA, its HTTP add-on, Prometheus Operator, Gateway API, LeaderWorkerSet) and kwok's Stage
+# YAML. Everything lands in
 #   $GS_CACHE/cluster/<versions-key>/{bin,crds,stages}
 # and a warm cache makes this a few seconds of checks. Cold build seconds per component are written
 # to build-times.txt in that folder. Prints the folder on stdout.
@@ -28,6 +29,7 @@ bin="$out/bin"
 components=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok kubelet kube-proxy containerd)
 # Named by its pin, which the folder's key leaves out: a new pin builds it alone.
 interceptor="interceptor-$HTTP_ADD_ON_VERSION"
+lws="lws-controller-$LWS_VERSION"
 crd_files=(
 	"keda-$KEDA_VERSION/keda.sh_scaledobjects.yaml"
 	"http-add-on-$HTTP_ADD_ON_VERSION/http.keda.sh_httpscaledobjects.yaml"
@@ -37,6 +39,8 @@ crd_files=(
 	"prometheus-operator-$PROMETHEUS_OPERATOR_VERSION/monitoring.coreos.com_prometheusrules.yaml"
 	"gateway-api-$GATEWAY_API_VERSION/.complete"
 	"$ENDPOINT_CRDS/.complete"
+	"lws-$LWS_VERSION/leaderworkerset.x-k8s.io_leaderworkersets.yaml"
+	"lws-$LWS_VERSION/disaggregatedset.x-k8s.io_disaggregatedsets.yaml"
 )
 stage_files=(node-initialize.yaml node-heartbeat-with-lease.yaml pod-ready.yaml pod-complete.yaml pod-delete.yaml)
 
@@ -46,7 +50,7 @@ stages_ok() {
 }
 complete() {
 	local c f
-	for c in "${components[@]}" containerd-shim-runc-v2 ctr "$interceptor"; do [[ -x $bin/$c ]] || return 1; done
+	for c in "${components[@]}" containerd-shim-runc-v2 ctr "$interceptor" "$lws"; do [[ -x $bin/$c ]] || return 1; done
 	for f in "${crd_files[@]}"; do [[ -s $out/crds/$f || -e $out/crds/$f ]] || return 1; done
 	stages_ok
 }
@@ -185,6 +189,17 @@ build_interceptor() {
 	mv "$bin/$interceptor.tmp" "$bin/$interceptor"
 }
 
+# ---- LeaderWorkerSet: controllers and webhooks in one main package (cmd/), in a wrapper of its own (no replaces). The
+# proxy gives no commit, and the default GitCommit is a made-up hash, so it says unknown instead.
+build_lws() {
+	local v=sigs.k8s.io/lws/pkg/version date
+	wrapper "$out/src/lws" "sigs.k8s.io/lws@$LWS_VERSION"
+	date=$(module_time "sigs.k8s.io/lws@$LWS_VERSION")
+	(cd "$out/src/lws" && go build -mod=mod -trimpath -o "$bin/$lws.tmp" \
+		-ldflags "-s -w -X $v.GitVersion=$LWS_VERSION -X $v.BuildDate=$date -X $v.GitCommit=unknown" sigs.k8s.io/lws/cmd)
+	mv "$bin/$lws.tmp" "$bin/$lws"
+}
+
 kube=()
 for c in "${components[@]}"; do
 	[[ -x $bin/$c ]] && continue
@@ -204,6 +219,10 @@ fi
 if [[ ! -x $bin/$interceptor ]]; then
 	log "building $interceptor"
 	timed interceptor build_interceptor
+fi
+if [[ ! -x $bin/$lws ]]; then
+	log "building $lws (cold, a few minutes)"
+	timed lws-controller build_lws
 fi
 
 # ---- CRDs and Stage YAML, copied out of the pinned module zips.
@@ -242,6 +261,14 @@ if [[ ! -e $gw_dir/.complete ]]; then
 	[[ ${#gw_files[@]} -gt 0 ]] || die "sigs.k8s.io/gateway-api@$GATEWAY_API_VERSION has no config/crd/standard/*.yaml"
 	copy_files "$src" "$gw_dir" "${gw_files[@]}"
 	touch "$gw_dir/.complete"
+fi
+
+# Only the base CRDs: the kustomize patch adds a conversion webhook, and v1 is the only version there is to convert.
+lws_dir="$out/crds/lws-$LWS_VERSION"
+if [[ ! -s $lws_dir/disaggregatedset.x-k8s.io_disaggregatedsets.yaml ]]; then
+	copy_files "$(module_dir "sigs.k8s.io/lws@$LWS_VERSION")" "$lws_dir" \
+		config/crd/bases/leaderworkerset.x-k8s.io_leaderworkersets.yaml \
+		config/crd/bases/disaggregatedset.x-k8s.io_disaggregatedsets.yaml
 fi
 
 ep_dir="$out/crds/$ENDPOINT_CRDS"

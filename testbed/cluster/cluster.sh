@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A loopback Kubernetes control plane with simulated GPU nodes, for end-to-end tests: etcd,
-# kube-apiserver, kube-controller-manager, kube-scheduler and kwok, built from pinned Go modules by
-# build.sh, every listener on 127.0.0.1.
+# kube-apiserver, kube-controller-manager, kube-scheduler, kwok and the LeaderWorkerSet controller with
+# its admission webhooks, built from pinned Go modules by build.sh, every listener on 127.0.0.1.
 #
 #   testbed/cluster/cluster.sh start [--node NAME:GPUS[:CPU:MEMORY]]...   start, wait until usable,
 #                                                                       then print what env prints
@@ -17,11 +17,14 @@
 #   GS_CLUSTER_DIR   state (pki, etcd data, logs, pids, kubeconfig); default
 #                    $HOME/.cache/gpu-serving/cluster-run
 #   GS_CLUSTER_PORT  kube-apiserver port (default 16443); etcd takes PORT+1 and PORT+2,
-#                    kube-controller-manager PORT+3, kube-scheduler PORT+4, kwok PORT+5
+#                    kube-controller-manager PORT+3, kube-scheduler PORT+4, kwok PORT+5,
+#                    lws-controller PORT+6 (webhooks) and PORT+7 (health probe)
 #   GS_CACHE         build cache (default $HOME/.cache/gpu-serving)
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=/dev/null
+source "$here/versions.env"
 : "${GS_CACHE:=$HOME/.cache/gpu-serving}"
 : "${GS_CLUSTER_DIR:=$GS_CACHE/cluster-run}"
 : "${GS_CLUSTER_PORT:=16443}"
@@ -34,8 +37,12 @@ port_etcd_peer=$((GS_CLUSTER_PORT + 2))
 port_kcm=$((GS_CLUSTER_PORT + 3))
 port_scheduler=$((GS_CLUSTER_PORT + 4))
 port_kwok=$((GS_CLUSTER_PORT + 5))
+port_lws_webhook=$((GS_CLUSTER_PORT + 6))
+port_lws_health=$((GS_CLUSTER_PORT + 7))
+# named by its pin, as build.sh names the binary
+lws=lws-controller-$LWS_VERSION
 # start order; stop goes the other way
-components=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok)
+components=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok "$lws")
 
 dir=$(realpath -m "$GS_CLUSTER_DIR")
 # keys, certs and the kubeconfig never go inside the repository
@@ -182,6 +189,12 @@ make_pki() {
 	sign controller-manager system:kube-controller-manager ""
 	sign scheduler system:kube-scheduler ""
 	sign kwok gs-kwok system:masters
+	# lws-controller: an identity of its own in the audit trail, with kwok's rights (the chart's RBAC is not tested here)
+	sign lws-controller gs-lws-controller system:masters
+	# its webhook server: the API server calls it at https://127.0.0.1:PORT (no Service, it is a host process), and
+	# controller-runtime reads tls.crt and tls.key from one folder
+	mkdir -p "$pki/lws-webhook"
+	sign lws-webhook/tls lws-webhook "" "IP:$host"
 	# what the API server shows a real kubelet (logs, exec, port-forward; testbed/node/join.py)
 	sign apiserver-kubelet-client gs-apiserver-kubelet-client system:masters
 	# the aggregation layer's client cert; also lets the controller-manager and scheduler read the
@@ -189,12 +202,13 @@ make_pki() {
 	sign front-proxy-client front-proxy-client "" "" front-proxy-ca
 	openssl genrsa -out "$pki/sa.key" 2048 2>/dev/null
 	openssl rsa -in "$pki/sa.key" -pubout -out "$pki/sa.pub" 2>/dev/null
-	chmod 600 "$pki"/*.key
+	chmod 600 "$pki"/*.key "$pki/lws-webhook/tls.key"
 	kubeconfig_for "$kubeconfig" gs-admin "$pki/admin.crt" "$pki/admin.key"
 	kubeconfig_for "$dir/controller-manager.kubeconfig" system:kube-controller-manager \
 		"$pki/controller-manager.crt" "$pki/controller-manager.key"
 	kubeconfig_for "$dir/scheduler.kubeconfig" system:kube-scheduler "$pki/scheduler.crt" "$pki/scheduler.key"
 	kubeconfig_for "$dir/kwok.kubeconfig" gs-kwok "$pki/kwok.crt" "$pki/kwok.key"
+	kubeconfig_for "$dir/lws-controller.kubeconfig" gs-lws-controller "$pki/lws-controller.crt" "$pki/lws-controller.key"
 }
 
 # kwok's configuration: the Stages from the pinned kwok module (build.sh copied them). No
@@ -206,6 +220,81 @@ make_kwok_config() {
 		printf -- '---\n'
 		cat "$out/stages/$f.yaml"
 	done >"$dir/kwok.yaml"
+}
+
+# lws-controller's Configuration. No internal cert management: it would keep its own CA and a certificate for
+# lws-webhook-service.lws-system.svc in a Secret of lws-system and inject that CA into the webhook configurations,
+# holding the controllers until then; here the cluster CA signs a certificate for 127.0.0.1 instead. No leader
+# election: there is one replica, and its lease would go into lws-system, which does not exist here. Metrics off
+# ("0"): nothing scrapes them.
+make_lws_config() {
+	cat >"$dir/lws-controller.yaml" <<EOF
+apiVersion: config.lws.x-k8s.io/v1alpha1
+kind: Configuration
+internalCertManagement:
+  enable: false
+leaderElection:
+  leaderElect: false
+webhook:
+  host: $host
+  port: $port_lws_webhook
+  certDir: $pki/lws-webhook
+health:
+  healthProbeBindAddress: $host:$port_lws_health
+metrics:
+  bindAddress: "0"
+EOF
+}
+
+# The webhook paths lws-controller serves (config/webhook/manifests.yaml of the module).
+lws_paths=(/mutate-leaderworkerset-x-k8s-io-v1-leaderworkerset /mutate--v1-pod
+	/validate-leaderworkerset-x-k8s-io-v1-leaderworkerset /validate--v1-pod
+	/validate-disaggregatedset-x-k8s-io-v1-disaggregatedset)
+
+# lws_webhooks_yaml: the chart's two webhook configurations (charts/lws/templates/webhook/webhook.yaml), with a URL on
+# 127.0.0.1 and the cluster CA instead of a Service. The pod webhooks keep the chart's objectSelector, so only the
+# pods of a LeaderWorkerSet go through them and the rest of the cluster never waits on lws-controller.
+lws_webhooks_yaml() {
+	local ca url="https://$host:$port_lws_webhook"
+	ca=$(base64 -w0 "$pki/ca.crt")
+	local common="admissionReviewVersions: [v1]
+    sideEffects: None
+    failurePolicy: Fail"
+	local lws_rule="rules: [{apiGroups: [leaderworkerset.x-k8s.io], apiVersions: [v1], operations: [CREATE, UPDATE], resources: [leaderworkersets]}]"
+	local lws_pods="objectSelector: {matchExpressions: [{key: leaderworkerset.sigs.k8s.io/name, operator: Exists}]}"
+	cat <<EOF
+apiVersion: admissionregistration.k8s.io/v1
+kind: MutatingWebhookConfiguration
+metadata: {name: lws-mutating-webhook-configuration}
+webhooks:
+  - name: mleaderworkerset.kb.io
+    clientConfig: {url: "$url/mutate-leaderworkerset-x-k8s-io-v1-leaderworkerset", caBundle: $ca}
+    $common
+    $lws_rule
+  - name: mpod.kb.io
+    clientConfig: {url: "$url/mutate--v1-pod", caBundle: $ca}
+    $common
+    $lws_pods
+    rules: [{apiGroups: [""], apiVersions: [v1], operations: [CREATE], resources: [pods]}]
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingWebhookConfiguration
+metadata: {name: lws-validating-webhook-configuration}
+webhooks:
+  - name: vleaderworkerset.kb.io
+    clientConfig: {url: "$url/validate-leaderworkerset-x-k8s-io-v1-leaderworkerset", caBundle: $ca}
+    $common
+    $lws_rule
+  - name: vpod.kb.io
+    clientConfig: {url: "$url/validate--v1-pod", caBundle: $ca}
+    $common
+    $lws_pods
+    rules: [{apiGroups: [""], apiVersions: [v1], operations: [CREATE, UPDATE], resources: [pods]}]
+  - name: vdisaggregatedset.kb.io
+    clientConfig: {url: "$url/validate-disaggregatedset-x-k8s-io-v1-disaggregatedset", caBundle: $ca}
+    $common
+    rules: [{apiGroups: [disaggregatedset.x-k8s.io], apiVersions: [v1], operations: [CREATE, UPDATE], resources: [disaggregatedsets]}]
+EOF
 }
 
 # What a node may advertise besides nvidia.com/gpu: time-slices and MIG instances (the device plugin's names).
@@ -269,6 +358,41 @@ running_count() {
 
 kubectl() { "$bin/kubectl" --kubeconfig "$kubeconfig" "$@"; }
 
+# lws_webhooks_served: every webhook path has its handler. The server listens before the controller registers them, and
+# an unregistered path answers 404, which failurePolicy Fail would turn into refused objects.
+lws_webhooks_served() {
+	local path code
+	for path in "${lws_paths[@]}"; do
+		code=$(curl -sS --max-time 2 -o /dev/null -w '%{http_code}' --cacert "$pki/ca.crt" -X POST \
+			"https://$host:$port_lws_webhook$path") || return 1
+		[[ $code != 404 ]] || return 1
+	done
+}
+
+lws_probe() { # NAME: the smallest LeaderWorkerSet
+	cat <<EOF
+apiVersion: leaderworkerset.x-k8s.io/v1
+kind: LeaderWorkerSet
+metadata: {name: $1, namespace: default}
+spec:
+  leaderWorkerTemplate:
+    size: 1
+    workerTemplate: {spec: {containers: [{name: probe, image: probe}]}}
+EOF
+}
+
+# lws_webhooks_live: the API server calls both configurations. It picks new ones up asynchronously, so a dry run that
+# merely succeeds proves nothing: the mutating webhook is the only one to default spec.networkConfig (the CRD has no
+# default for it), and only the validating one refuses a name that is no DNS-1035 label.
+lws_webhooks_live() {
+	local got
+	got=$(lws_probe lws-probe |
+		kubectl create --dry-run=server -o jsonpath='{.spec.networkConfig.subdomainPolicy}' -f -) || return 1
+	[[ $got == Shared ]] || return 1
+	got=$(lws_probe 0-lws-probe | kubectl create --dry-run=server -f - 2>&1) && return 1
+	grep -q DNS-1035 <<<"$got"
+}
+
 readyz() {
 	curl -fsS --max-time 2 --cacert "$pki/ca.crt" --cert "$pki/admin.crt" --key "$pki/admin.key" \
 		"https://$host:$port_apiserver/readyz" >/dev/null
@@ -311,7 +435,8 @@ cmd_start() {
 	[[ $(running_count) -eq 0 ]] || die "already running in $dir (cluster.sh stop first)"
 	[[ -z $(our_leftovers) ]] || die "processes of an earlier run still use $dir: $(our_leftovers | tr '\n' ' ')"
 	local p
-	for p in "$port_apiserver" "$port_etcd" "$port_etcd_peer" "$port_kcm" "$port_scheduler" "$port_kwok"; do
+	for p in "$port_apiserver" "$port_etcd" "$port_etcd_peer" "$port_kcm" "$port_scheduler" "$port_kwok" \
+		"$port_lws_webhook" "$port_lws_health"; do
 		port_free "$p" || die "port $host:$p is in use (set GS_CLUSTER_PORT to another base port)"
 	done
 	local t0=$SECONDS
@@ -325,6 +450,7 @@ cmd_start() {
 	chmod 700 "$dir" "$dir/etcd"
 	make_pki
 	make_kwok_config
+	make_lws_config
 
 	log "etcd $ETCD_VERSION on $host:$port_etcd"
 	launch etcd --name=gs-cluster --data-dir="$dir/etcd" \
@@ -375,13 +501,21 @@ cmd_start() {
 	wait_for "kube-scheduler /healthz" 60 kube-scheduler "${curl[@]}" -k "https://$host:$port_scheduler/healthz"
 	wait_for "kwok /healthz" 60 kwok "${curl[@]}" "http://$host:$port_kwok/healthz"
 
-	log "CRDs: KEDA $KEDA_VERSION, HTTP add-on $HTTP_ADD_ON_VERSION, Prometheus Operator $PROMETHEUS_OPERATOR_VERSION, Gateway API $GATEWAY_API_VERSION"
+	log "CRDs: KEDA $KEDA_VERSION, HTTP add-on $HTTP_ADD_ON_VERSION, Prometheus Operator $PROMETHEUS_OPERATOR_VERSION, Gateway API $GATEWAY_API_VERSION, LWS $LWS_VERSION"
+	# server-side: the LeaderWorkerSet CRDs are over 1 MB, too big for client-side apply's last-applied annotation
 	kubectl apply --server-side --force-conflicts -f "$out/crds/keda-$KEDA_VERSION" \
 		-f "$out/crds/http-add-on-$HTTP_ADD_ON_VERSION" \
 		-f "$out/crds/prometheus-operator-$PROMETHEUS_OPERATOR_VERSION" \
 		-f "$out/crds/gateway-api-$GATEWAY_API_VERSION" \
-		-f "$out/crds/$ENDPOINT_CRDS" >"$dir/logs/crds.log"
+		-f "$out/crds/$ENDPOINT_CRDS" -f "$out/crds/lws-$LWS_VERSION" >"$dir/logs/crds.log"
 	kubectl wait --for=condition=Established --timeout=60s crd --all >>"$dir/logs/crds.log"
+
+	# Its informers need the CRDs. It starts while the nodes come up; its webhook configurations go in once it serves
+	# them (below).
+	log "lws-controller $LWS_VERSION: webhooks on https://$host:$port_lws_webhook, health on $host:$port_lws_health"
+	# "false" starts it without the webhooks that start waits for (and that give its pods their labels and env)
+	unset ENABLE_WEBHOOKS
+	launch "$lws" --config="$dir/lws-controller.yaml" --kubeconfig="$dir/lws-controller.kubeconfig"
 
 	local gpus cpu mem
 	for spec in "${nodes[@]}"; do
@@ -394,6 +528,11 @@ cmd_start() {
 	fi
 	# pods need the namespace's default ServiceAccount, which the controller-manager creates
 	wait_for "the default ServiceAccount" 60 kube-controller-manager kubectl get serviceaccount default -n default
+
+	wait_for "$lws /readyz" 60 "$lws" "${curl[@]}" "http://$host:$port_lws_health/readyz"
+	wait_for "$lws webhook handlers" 60 "$lws" lws_webhooks_served
+	lws_webhooks_yaml | kubectl apply -f - >"$dir/logs/lws-webhooks.log"
+	wait_for "the API server to call the LeaderWorkerSet webhooks" 60 "$lws" lws_webhooks_live
 
 	trap - EXIT
 	log "ready in $((SECONDS - t0))s"
@@ -466,8 +605,6 @@ cmd_env() {
 
 # ---- main ---------------------------------------------------------------------------------------
 
-# shellcheck source=/dev/null
-source "$here/versions.env"
 cmd=${1:-}
 [[ -n $cmd ]] || usage
 shift

@@ -6,7 +6,9 @@
 #   - a Job completes,
 #   - a PersistentVolume pinned to a node by nodeAffinity binds its claim (controller-manager),
 #   - a KEDA ScaledObject, a ServiceMonitor and an HTTPRoute are accepted (CRDs installed),
-#   - every listening socket of the cluster is on 127.0.0.1,
+#   - a LeaderWorkerSet of size 2, leader and worker asking 2 GPUs each, gets its leader and worker pod from
+#     lws-controller, on different nodes and Running, and the worker has the env its pod webhook injects,
+#   - every listening socket of the cluster is on 127.0.0.1, lws-controller's two among them,
 # and stop it, leaving no process. Uses its own state dir and ports, so a cluster started by hand
 # keeps running. Prints "N passed, N failed".
 #
@@ -157,12 +159,59 @@ EOF
 }
 check "ScaledObject, ServiceMonitor and HTTPRoute accepted" crs_accepted
 
+# The GPUs go to the LeaderWorkerSet: the Deployment's pods hold 2 of gpu-a's. kwok removes a deleted pod at once.
+kubectl delete deployment vllm --cascade=foreground --wait=true >/dev/null
+kubectl wait --for=delete pod -l app=vllm --timeout=60s >/dev/null 2>&1 || true
+
+lws_group() {
+	kubectl apply -f - >/dev/null <<'EOF' || return 1
+apiVersion: leaderworkerset.x-k8s.io/v1
+kind: LeaderWorkerSet
+metadata: {name: vllm-mn, namespace: default}
+spec:
+  replicas: 1
+  leaderWorkerTemplate:
+    size: 2
+    leaderTemplate:
+      spec:
+        tolerations: [{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}]
+        containers: [{name: vllm, image: vllm/vllm-openai:latest, resources: {limits: {nvidia.com/gpu: 2}}}]
+    workerTemplate:
+      spec:
+        tolerations: [{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}]
+        containers: [{name: vllm, image: vllm/vllm-openai:latest, resources: {limits: {nvidia.com/gpu: 2}}}]
+EOF
+	# the leader's StatefulSet comes first, the worker's once the leader pod exists: wait for both pods
+	local i got sel=leaderworkerset.sigs.k8s.io/name=vllm-mn
+	for ((i = 0; i < 120; i++)); do
+		got=$(kubectl get pods -l "$sel" --field-selector=status.phase=Running -o name | wc -l)
+		((got == 2)) && break
+		sleep 0.5
+	done
+	((got == 2)) || { kubectl get pods -l "$sel" -o wide; return 1; }
+	local leader worker
+	leader=$(kubectl get pod vllm-mn-0 -o jsonpath='{.spec.nodeName}')
+	worker=$(kubectl get pod vllm-mn-0-1 -o jsonpath='{.spec.nodeName}')
+	[[ -n $leader && -n $worker && $leader != "$worker" ]] ||
+		{ echo "leader on '$leader', worker on '$worker'"; return 1; }
+	local env
+	env=$(kubectl get pod vllm-mn-0-1 -o jsonpath='{range .spec.containers[0].env[*]}{.name}={.value}{"\n"}{end}')
+	grep -qx 'LWS_LEADER_ADDRESS=vllm-mn-0\.vllm-mn\.default' <<<"$env" || { echo "worker env: $env"; return 1; }
+	grep -qx 'LWS_WORKER_INDEX=1' <<<"$env" || { echo "worker env: $env"; return 1; }
+}
+check "LeaderWorkerSet: leader and worker Running on different nodes, webhook env injected" lws_group
+
 loopback_only() {
-	local pids bad
+	local pids bad lws
 	command -v ss >/dev/null || { echo "no ss (apt-get install iproute2)"; return 1; }
 	pids=$(cat "$GS_CLUSTER_DIR"/pids/*.pid | paste -sd'|')
 	bad=$(ss -Hltunp | grep -E "pid=($pids)," | awk '{print $5}' | grep -v '^127\.0\.0\.1:' || true)
 	[[ -z $bad ]] || { echo "listening on: $bad"; return 1; }
+	# and lws-controller is among them with its webhook and probe ports (a process missing from pids/ would pass above)
+	lws=$(cat "$GS_CLUSTER_DIR"/pids/lws-controller-*.pid)
+	[[ $(ss -Hltnp | grep -E "pid=$lws," | awk '{print $4}' | sort -t: -k2,2n | paste -sd' ') == \
+		"127.0.0.1:$((GS_CLUSTER_PORT + 6)) 127.0.0.1:$((GS_CLUSTER_PORT + 7))" ]] ||
+		{ echo "lws-controller listens on: $(ss -Hltnp | grep -E "pid=$lws," | awk '{print $4}')"; return 1; }
 }
 check "every listener is on 127.0.0.1" loopback_only
 

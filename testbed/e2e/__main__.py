@@ -16,6 +16,7 @@ from pathlib import Path
 import testbed.e2e
 from testbed.e2e.cache_checks import CACHE_CHECKS
 from testbed.e2e.endpoint_checks import ENDPOINT_CHECKS
+from testbed.e2e.group_checks import GROUP_CHECKS
 from testbed.e2e.package_checks import PACKAGE_CHECKS, PackageEndToEnd
 from testbed.e2e.real_cache import ALL_REAL_CHECKS, TwoNodeEndToEnd
 from testbed.e2e.run import copy_project, engine_env
@@ -96,6 +97,11 @@ def main(argv: list[str] | None = None) -> int:
             # The teams' endpoint on the same stack: its objects applied for real, a team's key rotated.
             for name, needs in zip(ENDPOINT_CHECKS, ("cache-up", *ENDPOINT_CHECKS), strict=False):
                 run.check(name, getattr(run, name.replace("-", "_")), needs=(needs,))
+            # A model larger than one node: a stack of its own on five two-GPU kwok nodes, the LeaderWorkerSet controller
+            # of the test cluster running its groups.
+            run.check(GROUP_CHECKS[0], run.group_up, needs=("cluster-up",))
+            for name in GROUP_CHECKS[1:]:
+                run.check(name, getattr(run, name.replace("-", "_")), needs=GROUP_CHECKS[:1])
             run.cache_stop()
             # Day two: the runbook's operations, one after the other on the cluster stack.
             for name, check in (("grow-cluster", run.grow_cluster), ("replace-disk", run.replace_disk),

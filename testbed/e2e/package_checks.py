@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 
 from stacks.config import parse
-from testbed.e2e.endpoint_checks import EndpointEndToEnd
+from testbed.e2e.group_checks import GroupEndToEnd
 from testbed.e2e.run import CheckError, require, stack_raw, stack_yaml, tail
 
 # The Python program's stack previewed for the comparison (the e2e's "lab" stack is the lab VM's).
@@ -59,7 +59,7 @@ def differences(want: dict[str, Any], got: dict[str, Any]) -> list[str]:
 
 
 @dataclass
-class PackageEndToEnd(EndpointEndToEnd):
+class PackageEndToEnd(GroupEndToEnd):
     """Checks of the component package, on the cluster the cluster checks started."""
 
     def example(self, language: str) -> Path:

@@ -1,7 +1,7 @@
 """The two-node checks of `make e2e` (issue #38, `modelStorage.type: nodeCache`): after the seven real-node checks,
 a second VM joins the same loopback cluster as a real node, the stack is switched from `type: local` to
-`nodeCache`, and each node serves the model from its own array; then one node is powered off and the replica
-moves to the other.
+`nodeCache`, and each node serves the model from its own array; the model is made a group spanning both nodes
+(LeaderWorkerSet) and back; then one node is powered off and the replica moves to the other.
 
 Real: both kubelets, containerd, runc and kube-proxy; the node steps building each VM's own RAID1 + XFS; the
 local PersistentVolume bind-mounted by each kubelet from its own node's array; the scheduler's volume binding,
@@ -52,7 +52,7 @@ WEIGHTS_B = {**WEIGHTS, "model.safetensors": hashlib.sha256(b"gpu-serving real n
 """What the second node's hub serves for the same repository and commit: a pod's `weights_sha256` then names the
 node whose download wrote the files it read."""
 NODE_LOSS_EVICTION_SECONDS = 10
-REAL_CACHE_CHECKS = ("real-cache-join", "real-cache-migrate", "real-cache-own-array", "real-cache-failover",
+REAL_CACHE_CHECKS = ("real-cache-join", "real-cache-migrate", "real-cache-own-array", "real-group", "real-cache-failover",
                      "real-cache-no-changes")
 ALL_REAL_CHECKS = (*REAL_NODE_CHECKS, *REAL_CACHE_CHECKS)
 SNAPSHOT = "/mnt/models/hub/models--{org}--{name}/snapshots/{commit}"
@@ -73,6 +73,7 @@ class TwoNodeEndToEnd(RealNodeEndToEnd):
             self.check("real-cache-join", self.real_cache_join, needs=("real-node-ready",))
             self.check("real-cache-migrate", self.real_cache_migrate, needs=("real-cache-join",))
             self.check("real-cache-own-array", self.real_cache_own_array, needs=("real-cache-migrate",))
+            self.check("real-group", self.real_group, needs=("real-cache-migrate",))
             self.check("real-cache-failover", self.real_cache_failover, needs=("real-cache-migrate",))
             self.check("real-cache-no-changes", self.real_cache_no_changes, needs=("real-cache-failover",))
         finally:
@@ -227,6 +228,52 @@ class TwoNodeEndToEnd(RealNodeEndToEnd):
             seen.append(f"{node}: /models = {inside[0]} (md {md} of {'+'.join(serials)}), serves {served[:12]}… = its own array's")
         require(want[NODE] != want[NODE_B], "the two nodes' weights are the same bytes: the check would prove nothing")
         return "; ".join(seen) + " (each node's hub served its own bytes: the other node's copy would answer another sum)"
+
+    def real_group(self) -> str:
+        """The model made a group across both nodes (`nodesPerReplica: 2`, one replica), then back: the cluster's
+        LeaderWorkerSet controller puts the leader on one node and the worker on the other; the worker, given
+        `--master-addr=$(LWS_LEADER_ADDRESS)` by the program (the variable set by LeaderWorkerSet's webhook, expanded
+        by the real kubelet, the name resolved by the node's DNS stand-in), reaches the leader over the nodes' link;
+        the leader serves only once it joined, and answers through the Service. The join is vllm_sim's stand-in for
+        torch.distributed and NCCL: one TCP connection, the address and the path, not a collective."""
+        group = f"vllm-{MODEL}-group"
+        self.edit_stack("node", lambda c: c["gpu-serving:models"][0].update(nodesPerReplica=2, replicas={"min": 1, "max": 1}))
+        # The documented step (docs/models.md): both nodes' one GPU each is the Deployment's until it goes, and the
+        # engine deletes it only after the LeaderWorkerSet it would wait for; the preview says so first.
+        preview = self.pulumi("preview", stack="node", timeout=900)
+        require(f"delete deployment vllm-{MODEL}" in preview.stdout + preview.stderr,
+                f"the preview did not warn of the Deployment holding the GPUs: {tail(preview.stdout + preview.stderr)}")
+        self.kubectl("delete", "deployment", f"vllm-{MODEL}", "-n", NAMESPACE, "--wait=true")
+        self.timed("upRealGroupSeconds", "up", "--yes", "--skip-preview", stack="node", timeout=1800)
+        lws = self.get("leaderworkerset", group, "-n", NAMESPACE)
+        require(lws["status"].get("readyReplicas") == 1, f"{group}: {lws['status']}")
+        members = {p["metadata"]["labels"]["leaderworkerset.sigs.k8s.io/worker-index"]: p
+                   for p in self.get("pods", "-n", NAMESPACE, "-l", f"leaderworkerset.sigs.k8s.io/name={group}")["items"]
+                   if not p["metadata"].get("deletionTimestamp")}
+        require(sorted(members) == ["0", "1"], f"{group}'s pods: {sorted(members)}")
+        leader, worker = members["0"], members["1"]
+        nodes = (leader["spec"]["nodeName"], worker["spec"]["nodeName"])
+        require(sorted(nodes) == sorted([NODE, NODE_B]), f"leader and worker on {nodes}: not one per node")
+        address = next(e["value"] for e in worker["spec"]["containers"][0]["env"] if e["name"] == "LWS_LEADER_ADDRESS")
+        said = self.kubectl("logs", worker["metadata"]["name"], "-n", NAMESPACE).stdout
+        joined = re.search(rf"rank 1 of 2 joined the leader at {re.escape(address)}:(\d+) \(([0-9.]+)\)", said)
+        require(joined is not None and joined[2] == leader["status"]["podIP"],
+                f"the worker did not reach the leader's pod ({leader['status']['podIP']}) at {address}: {tail(said)}")
+        served = self.models(self.port_forward(leader["metadata"]["name"]))["data"][0]
+        require(served.get("group") == [{"rank": 1, "address": worker["status"]["podIP"]}],
+                f"the leader's group is {served.get('group')}, the worker's pod is {worker['status']['podIP']}")
+        ask = {"model": MODEL, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}
+        status, body = self.request(self.service_port(), "POST", "/v1/chat/completions", key=self.secrets["vllmApiKey"], body=ask)
+        require(status == 200 and b'"choices"' in body, f"the leader through the Service answered {status}: {body[:200]!r}")
+        self.edit_stack("node", lambda c: c["gpu-serving:models"][0].update(nodesPerReplica=1, replicas={"min": 2, "max": 2}))
+        self.kubectl("delete", "leaderworkerset", group, "-n", NAMESPACE, "--wait=true")
+        self.pulumi("up", "--yes", "--skip-preview", stack="node", timeout=1800)
+        self.ready_pods(2)
+        return (f"{group}: leader on {nodes[0]}, worker on {nodes[1]}; the worker joined the leader at {address}:{joined[1]} "
+                f"({joined[2]}, across the nodes' link), the leader reports rank 1 from {worker['status']['podIP']} and answered "
+                f"a completion through the Service (`up` {self.report['figures']['upRealGroupSeconds']} s, after the preview "
+                "warned of the Deployment holding the GPUs and it was deleted as documented); then back to a Deployment of "
+                "two replicas")
 
     def real_cache_failover(self) -> str:
         """The model on the second node only, whose qemu is then killed: the time until the Service, through the

@@ -8,6 +8,7 @@ the API key, metrics scraping and the drain can be exercised on a node without a
     python3 vllm_sim.py [serve] <model> [--revision=R] [--served-model-name=N] [--download-dir=D]
         [--host=H] [--port=P] [--api-key=K | VLLM_API_KEY] [--max-model-len=L] [--max-num-seqs=S]
         [--shutdown-timeout=T] [--sim-startup-seconds=S] [--sim-token-seconds=S] [any other vLLM flag]
+        [--nnodes=N --node-rank=R --master-addr=A --master-port=P [--headless]]
 
 What it does as vLLM does:
 - loads "weights" from the Hugging Face cache layout under --download-dir (HF_HUB_CACHE):
@@ -21,7 +22,11 @@ What it does as vLLM does:
 - with --api-key or VLLM_API_KEY, answers 401 on /v1 without `Authorization: Bearer <key>`
   (/health and /metrics stay open);
 - on SIGTERM closes its listening socket, lets running requests finish for --shutdown-timeout
-  seconds (0, the default, as vLLM before the flag: aborts them), then exits 0.
+  seconds (0, the default, as vLLM before the flag: aborts them), then exits 0;
+- in a group spanning nodes (--nnodes > 1, vLLM's own launcher): rank 0 listens on --master-port and serves only once
+  every other rank joined it, each rank above 0 runs --headless and joins rank 0 at --master-addr, and a member whose
+  peer goes exits 1. The join is a line over TCP standing in for torch.distributed and NCCL: it shows the address
+  and the network path, not a collective or its bandwidth.
 
 What it cannot show: a GPU, a model, a tokenizer (a token here is a word), real latencies, memory use.
 It reports the sha256 of the files it loaded in /v1/models (`weights_sha256`) and its log: the
@@ -95,6 +100,15 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--shutdown-timeout", type=float, default=0.0)
     # Accepted and checked as vLLM checks them; they change nothing here.
     p.add_argument("--tensor-parallel-size", type=int, default=1)
+    p.add_argument("--pipeline-parallel-size", type=int, default=1)
+    # A group spanning nodes (vLLM's own launcher): rank 0 serves and waits for the others, which run --headless.
+    p.add_argument("--distributed-executor-backend", default=None)
+    p.add_argument("--nnodes", type=int, default=1)
+    p.add_argument("--node-rank", type=int, default=0)
+    p.add_argument("--master-addr", default="127.0.0.1")
+    p.add_argument("--master-port", type=int, default=29501)
+    p.add_argument("--headless", action="store_true")
+    p.add_argument("--sim-join-seconds", type=float, default=600.0, help="how long a group member waits for the others")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     p.add_argument("--sim-startup-seconds", type=float, default=0.0, help="pretend loading takes this long (startup probes)")
     p.add_argument("--sim-token-seconds", type=float, default=0.01, help="time per generated word (streams last long enough to drain)")
@@ -110,6 +124,17 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         raise StartupError(f"--gpu-memory-utilization={args.gpu_memory_utilization} is not in (0, 1]")
     if args.max_num_seqs < 1 or args.max_model_len < 1:
         raise StartupError("--max-num-seqs and --max-model-len must be at least 1")
+    if args.nnodes > 1:
+        # As vLLM's ParallelConfig: only its own launcher spans nodes, every rank in range, the world split evenly.
+        if args.distributed_executor_backend not in (None, "mp"):
+            raise StartupError(f"--nnodes {args.nnodes} needs --distributed-executor-backend mp, not {args.distributed_executor_backend}")
+        if not 0 <= args.node_rank < args.nnodes:
+            raise StartupError(f"--node-rank {args.node_rank} is not in [0, {args.nnodes})")
+        if (args.tensor_parallel_size * args.pipeline_parallel_size) % args.nnodes:
+            raise StartupError(f"--nnodes {args.nnodes} does not divide the world size "
+                               f"{args.tensor_parallel_size} x {args.pipeline_parallel_size}")
+    if args.headless and args.node_rank == 0:
+        raise StartupError("--headless is for the ranks above 0: rank 0 serves the API")
     args.served_model_name = args.served_model_name or [args.model]
     args.download_dir = args.download_dir or os.environ.get("HF_HUB_CACHE") or str(Path.home() / ".cache/huggingface/hub")
     args.api_key = args.api_key or os.environ.get("VLLM_API_KEY") or None
@@ -351,11 +376,13 @@ class Served:
     files: list[str]
     max_model_len: int
     api_key: str | None
+    group: list[dict[str, Any]] = field(default_factory=list)
+    """With --nnodes > 1: the ranks that joined this leader, each with the address it came from."""
 
     def models(self) -> dict[str, Any]:
         entry = {"object": "model", "created": int(time.time()), "owned_by": "vllm", "root": self.root, "parent": None,
                  "max_model_len": self.max_model_len, "stand_in": STAND_IN, "revision": self.commit,
-                 "weights_sha256": self.weights_sha256, "weights_files": self.files}
+                 "weights_sha256": self.weights_sha256, "weights_files": self.files, **({"group": self.group} if self.group else {})}
         return {"object": "list", "data": [{"id": name, **entry} for name in self.names]}
 
 
@@ -545,6 +572,94 @@ def serve(args: argparse.Namespace, served: Served, signals: set[signal.Signals]
     return 0
 
 
+# ---- a group spanning nodes ---------------------------------------------------------------------
+# In place of torch.distributed's store on the leader (`--master-addr`:`--master-port`): each other rank connects,
+# says its rank and what it loaded, and keeps the connection; the leader serves only once all of them joined, and a
+# member that loses the other side exits 1, as a pipeline with a stage gone cannot go on.
+
+
+def hello(args: argparse.Namespace, served: Served) -> str:
+    return json.dumps({"rank": args.node_rank, "model": served.root, "revision": served.commit}, separators=(",", ":"))
+
+
+def gather(args: argparse.Namespace, served: Served, signals: set[signal.Signals]) -> list[socket.socket]:
+    """The leader: wait for ranks 1…nnodes-1 on the master port, each loading what the leader loaded."""
+    try:
+        listener = socket.create_server((args.host, args.master_port), backlog=args.nnodes)
+    except OSError as error:
+        raise StartupError(f"cannot listen on {args.host}:{args.master_port} (--master-port): {error.strerror}") from error
+    listener.settimeout(1)
+    joined: dict[int, socket.socket] = {}
+    deadline = time.monotonic() + args.sim_join_seconds
+    log(f"rank 0 of {args.nnodes}: waiting for the other ranks on port {args.master_port}")
+    while len(joined) < args.nnodes - 1:
+        if time.monotonic() > deadline:
+            raise StartupError(f"ranks {sorted(set(range(1, args.nnodes)) - set(joined))} did not join within "
+                               f"{args.sim_join_seconds:g}s: check that they reach {args.master_addr}:{args.master_port}")
+        if signal.sigtimedwait(signals, 0) is not None:
+            raise StartupError("stopped while waiting for the other ranks")
+        try:
+            conn, peer = listener.accept()
+        except TimeoutError:
+            continue
+        conn.settimeout(10)
+        member = json.loads(conn.makefile().readline() or "{}")
+        if (member.get("model"), member.get("revision")) != (served.root, served.commit):
+            conn.close()
+            raise StartupError(f"rank {member.get('rank')} from {peer[0]} loaded {member.get('model')}@{member.get('revision')}, "
+                               f"this leader {served.root}@{served.commit}")
+        conn.sendall(b"ok\n")
+        conn.settimeout(None)
+        joined[int(member["rank"])] = conn
+        served.group.append({"rank": int(member["rank"]), "address": peer[0]})
+        log(f"rank {member['rank']} joined from {peer[0]}")
+    listener.close()
+    return list(joined.values())
+
+
+def join(args: argparse.Namespace, served: Served, signals: set[signal.Signals]) -> int:
+    """A headless rank: reach the leader at --master-addr (resolved anew on each try: its DNS name may come after the
+    pod), join, and stay joined until told to stop or the leader goes."""
+    deadline = time.monotonic() + args.sim_join_seconds
+    said = 0.0
+    while True:
+        try:
+            conn = socket.create_connection((args.master_addr, args.master_port), timeout=5)
+            conn.sendall(hello(args, served).encode() + b"\n")
+            if conn.makefile().readline().strip() == "ok":
+                break
+            raise StartupError(f"the leader at {args.master_addr}:{args.master_port} refused rank {args.node_rank}")
+        except OSError as error:
+            if time.monotonic() > deadline:
+                raise StartupError(f"rank {args.node_rank} could not reach the leader at {args.master_addr}:{args.master_port} "
+                                   f"within {args.sim_join_seconds:g}s: {error}") from error
+            if time.monotonic() - said > 30:
+                said = time.monotonic()
+                log(f"rank {args.node_rank}: the leader at {args.master_addr}:{args.master_port} not reached yet ({error}); retrying")
+            if signal.sigtimedwait(signals, 2) is not None:
+                return 0
+    log(f"rank {args.node_rank} of {args.nnodes} joined the leader at {args.master_addr}:{args.master_port} "
+        f"({conn.getpeername()[0]}); headless, no API")
+    watch([conn], "the leader")
+    signal.sigwait(signals)
+    return 0
+
+
+def watch(peers: list[socket.socket], what: str) -> None:
+    """From now on, a peer's connection ending ends this process with exit 1: a stage is gone."""
+    def wait(conn: socket.socket) -> None:
+        conn.settimeout(None)
+        with contextlib.suppress(OSError):
+            while conn.recv(1):
+                pass
+        print(f"ERROR: vllm_sim: lost {what}: a group runs whole or not at all, so this member exits (its group restarts)",
+              file=sys.stderr, flush=True)
+        os._exit(1)
+
+    for conn in peers:
+        threading.Thread(target=wait, args=(conn,), daemon=True).start()
+
+
 def main(argv: list[str] | None = None) -> int:
     # Signals are taken by sigwait in the main thread: every thread started later inherits the block.
     signals = {signal.SIGTERM, signal.SIGINT}
@@ -562,6 +677,10 @@ def main(argv: list[str] | None = None) -> int:
                 log("stopped while loading")
                 return 0
         lock.close()
+        if args.nnodes > 1 and args.node_rank > 0:
+            return join(args, served, signals)
+        if args.nnodes > 1:
+            watch(gather(args, served, signals), "a rank of the group")
         return serve(args, served, signals)
     except StartupError as error:
         print(f"ERROR: vllm_sim: {error}", file=sys.stderr, flush=True)

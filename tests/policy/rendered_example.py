@@ -3,6 +3,7 @@ entries), the mandatory findings by rule, and one resource's inputs by its Pulum
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from policy.rules import MANDATORY, check_resources
@@ -23,3 +24,12 @@ def mandatory(rendered: Render, entries: Entries) -> dict[str, list[str]]:
 def named(entries: Entries, name: str) -> dict[str, Any]:
     """The inputs of the resource of that Pulumi name."""
     return next(e["inputs"] for e in entries if e["name"] == name)
+
+
+def fires_on(rendered: Render, entries: Entries, rule: str, mutate: Callable[[Entries], None], says: str) -> None:
+    """`rule` finds nothing on `entries`, and after `mutate` a mandatory finding that says `says`."""
+    assert rule not in mandatory(rendered, entries)
+    mutate(entries)
+    found = mandatory(rendered, entries)
+    assert rule in found, found
+    assert any(says in m for m in found[rule]), found[rule]

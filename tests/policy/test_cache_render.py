@@ -16,7 +16,7 @@ import yaml
 
 from policy.check_yaml import main as check_yaml
 from policy.rules import check_resources
-from tests.policy.rendered_example import Entries, mandatory, named
+from tests.policy.rendered_example import Entries, fires_on, mandatory, named
 from tools.render import ROOT, Render, manifests_yaml, policy_config, resources_json, run_program
 
 EXAMPLE = ROOT / "docs" / "examples" / "Pulumi.cache.yaml"
@@ -126,11 +126,7 @@ MUTATIONS: list[tuple[str, Callable[[Entries], None], str]] = [
 @pytest.mark.parametrize(("rule", "mutate", "says"), MUTATIONS, ids=[f"{m[0]}-{m[1].__name__}" for m in MUTATIONS])
 def test_each_rule_fires_on_one_change_to_the_example(rendered: Render, entries: Entries, rule: str,
                                                        mutate: Callable[[Entries], None], says: str) -> None:
-    assert rule not in mandatory(rendered, entries)
-    mutate(entries)
-    found = mandatory(rendered, entries)
-    assert rule in found, found
-    assert any(says in m for m in found[rule]), found[rule]
+    fires_on(rendered, entries, rule, mutate, says)
 
 
 def test_two_replicas_always_up_are_spread_over_nodes(rendered_min_two: Render) -> None:

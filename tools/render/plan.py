@@ -131,7 +131,10 @@ def _model_facts(render: Render, model: Any) -> dict[str, str]:
     if model.scales_to_zero:
         budget += f", a cold start held ≤ {model.cold_start_seconds} s"
     return {
-        "gpus": f"{model.gpus_per_replica} × {resource_name(model.gpu_resource)} ({model.gpu_product}) per replica",
+        "gpus": f"{model.gpus_per_replica} × {resource_name(model.gpu_resource)} ({model.gpu_product}) per replica"
+        if not model.spans_nodes else
+        f"{model.nodes_per_replica} whole nodes × {model.gpus_per_replica} {resource_name(model.gpu_resource)} ({model.gpu_product}) "
+        "per replica (a LeaderWorkerSet group)",
         "replicas": f"replicas {model.replicas.min}–{model.replicas.max} ({autoscaler})",
         "holders": ", ".join(holders) or "no node",
         "budget": budget,

@@ -49,6 +49,32 @@ def check_mig_model(stack: StackConfig, i: int) -> None:
                       "ask for a larger profile (gpuResource) or whole cards")
 
 
+def check_groups(stack: StackConfig, i: int) -> None:
+    """A model spanning nodes (`nodesPerReplica`): every member on a whole node of its own, each node able to read the
+    weights, and enough such nodes for `replicas.max` groups."""
+    model = stack.models[i]
+    if not model.spans_nodes:
+        return
+    storage = stack.model_storage
+    if storage.type == "local":
+        raise _at(f"models[{i}].nodesPerReplica", f"{model.nodes_per_replica}, but modelStorage.type local keeps the weights on "
+                  f"{storage.node} alone, which the group's other members cannot read: use nodeCache (each member reads its "
+                  "own node's copy) or shared storage (nfs, storageClass)")
+    nodes = stack.holders(model)
+    other = [n for n in nodes if n.gpu.count != model.gpus_per_replica]
+    if other:
+        found = ", ".join(f"{n.name} ({n.gpu.count})" for n in other)
+        raise _at(f"models[{i}].gpusPerReplica", f"{model.gpus_per_replica}, but a group's members take whole nodes and these "
+                  f"{model.gpu_product} nodes it may run on have another number of GPUs: {found}; set gpusPerReplica to their "
+                  "count, or leave them out (models[].nodes with nodeCache)")
+    wanted = model.pods(model.replicas.max)
+    if wanted > len(nodes):
+        where = "hold its weights" if storage.type == "nodeCache" else f"are {model.gpu_product} nodes"
+        raise _at(f"models[{i}].nodesPerReplica", f"{model.nodes_per_replica} nodes per replica × replicas.max "
+                  f"{model.replicas.max} = {wanted} whole nodes, but {len(nodes)} {where} ({', '.join(n.name for n in nodes)}): "
+                  "add nodes, or lower replicas.max")
+
+
 def check_demand(stack: StackConfig) -> None:
     # Counted per product and per resource a node advertises: whole cards, time-slices, each MIG profile.
     demand: Counter[tuple[str, str]] = Counter()
@@ -72,7 +98,7 @@ def check_demand(stack: StackConfig) -> None:
                 f"{model.gpus_per_replica} GPUs, but the largest {model.gpu_product} node has {largest}; "
                 "one pod cannot span nodes (tensor parallelism needs all its GPUs on one node)",
             )
-        demand[(model.gpu_product, resource)] += model.replicas.max * model.gpus_per_replica
+        demand[(model.gpu_product, resource)] += model.pods(model.replicas.max) * model.gpus_per_replica
     for (product, resource), wanted in demand.items():
         have = sum(n.gpu.advertised.get(resource, 0) for n in stack.nodes if n.gpu.product == product)
         if wanted > have:
@@ -92,8 +118,8 @@ def _check_holders(i: int, model: Model, holders: list[Node]) -> None:
     if model.gpus_per_replica > largest:
         raise _at(f"models[{i}].nodes", f"{model.gpus_per_replica} GPUs per pod, but the largest node that holds its weights "
                   f"({names}) has {largest}: add a larger node of its product to models[].nodes")
-    if model.replicas.max * model.gpus_per_replica > have:
-        raise _at(f"models[{i}].nodes", f"at max replicas it needs {model.replicas.max * model.gpus_per_replica} "
+    if model.pods(model.replicas.max) * model.gpus_per_replica > have:
+        raise _at(f"models[{i}].nodes", f"at max replicas it needs {model.pods(model.replicas.max) * model.gpus_per_replica} "
                   f"{resource_name(resource)} but the nodes that hold its weights ({names}) have {have}: list more nodes "
                   "or lower replicas.max")
 
@@ -121,7 +147,7 @@ def check_per_node_fit(stack: StackConfig) -> None:
         index = {n.name: k for k, n in enumerate(nodes)}
         allowed = {i: frozenset(index[n.name] for n in (stack.holders(m) if stack.model_storage.type == "nodeCache" else nodes))
                    for i, m in models}
-        pods = [(m.gpus_per_replica, allowed[i]) for i, m in models for _ in range(m.replicas.max)]
+        pods = [(m.gpus_per_replica, allowed[i]) for i, m in models for _ in range(m.pods(m.replicas.max))]
         stranding = stranded_pod_among([n.gpu.advertised[resource] for n in nodes], pods)
         if stranding is None:
             continue

@@ -53,7 +53,7 @@ def check_local_pins(stack: StackConfig) -> None:
                 "its pods could never schedule — use shared storage (modelStorage.type: nfs or storageClass)",
             )
     for resource in sorted({m.gpu_resource for m in stack.models}):
-        wanted = sum(m.replicas.max * m.gpus_per_replica for m in stack.models if m.gpu_resource == resource)
+        wanted = sum(m.pods(m.replicas.max) * m.gpus_per_replica for m in stack.models if m.gpu_resource == resource)
         have = home.gpu.advertised.get(resource, 0)
         if wanted > have:
             unit = "GPUs" if resource == GPU else resource_name(resource)

@@ -94,7 +94,8 @@ def check_capacity(stack: StackConfig) -> None:
 
 
 def check_survive_node_loss(stack: StackConfig) -> None:
-    """With any one node gone, every model keeps a node to run on and its `replicas.min` pods still fit."""
+    """With any one node gone, every model keeps a node to run on and its `replicas.min` pods still fit (a group of a model
+    spanning nodes counted as its pods: whole nodes, so losing a member's node costs that group one node)."""
     if not stack.cluster.survive_node_loss or not stack.models:
         return
     storage = stack.model_storage
@@ -114,7 +115,7 @@ def _check_without(stack: StackConfig, holders: dict[str, list[Node]], lost: Nod
                       "run it — hold it on another node (models[].nodes, modelStorage.nodes) or add one")
     demand: Counter[tuple[str, str]] = Counter()
     for model in stack.models:
-        demand[(model.gpu_product, model.gpu_resource)] += model.replicas.min * model.gpus_per_replica
+        demand[(model.gpu_product, model.gpu_resource)] += model.pods(model.replicas.min) * model.gpus_per_replica
     for (product, resource), wanted in sorted(demand.items()):
         nodes = [n for n in stack.nodes if n is not lost and n.gpu.product == product and n.gpu.advertised.get(resource)]
         have = sum(n.gpu.advertised[resource] for n in nodes)
@@ -125,13 +126,13 @@ def _check_without(stack: StackConfig, holders: dict[str, list[Node]], lost: Nod
         models = [(i, m) for i, m in enumerate(stack.models) if (m.gpu_product, m.gpu_resource) == (product, resource)]
         for i, model in models:
             room = sum(n.gpu.advertised[resource] for n in left[model.name])
-            if model.replicas.min * model.gpus_per_replica > room:
+            if model.pods(model.replicas.min) * model.gpus_per_replica > room:
                 raise _at("cluster.surviveNodeLoss", f"without {lost.name}, models[{i}] ({model.name}) needs "
-                          f"{model.replicas.min * model.gpus_per_replica} {unit} for replicas.min but the nodes left that hold "
+                          f"{model.pods(model.replicas.min) * model.gpus_per_replica} {unit} for replicas.min but the nodes left that hold "
                           f"it have {room} — hold it on more nodes (models[].nodes) or lower replicas.min")
         index = {n.name: k for k, n in enumerate(nodes)}
         pods = [(m.gpus_per_replica, frozenset(index[n.name] for n in left[m.name] if n.name in index))
-                for _, m in models for _ in range(m.replicas.min)]
+                for _, m in models for _ in range(m.pods(m.replicas.min))]
         stranding = stranded_pod_among([n.gpu.advertised[resource] for n in nodes], pods)
         if stranding is not None:
             placed = "; ".join(f"{n.name}: {' + '.join(map(str, there)) or 'nothing'} ({free} free)"

@@ -1,8 +1,11 @@
 // A stand-in for cluster DNS on the real node (testbed/node/join.py), said to be one: it answers A
-// queries for <service>.<namespace>.svc.<domain> with the Service's ClusterIP, read from the API
-// server with the kubelet's credentials (a node may read every Service), and NXDOMAIN for anything
-// else. Standard library only, UDP only, no caching beyond a few seconds, no SRV, no pod records, no
-// headless Services, no upstream: what CoreDNS does beyond that is not shown by the checks using it.
+// queries for <service>.<namespace>.svc.<domain> with the Service's ClusterIP, and for
+// <hostname>.<subdomain>.<namespace>.svc.<domain> with the address of the pod of that hostname in the
+// Endpoints of the headless Service named by the subdomain (as LeaderWorkerSet's leader address is),
+// read from the API server with the kubelet's credentials (a node may read Services and Endpoints), and
+// NXDOMAIN for anything else. Standard library only, UDP only, no caching beyond a few seconds, no
+// SRV, no records of a headless Service's name itself, no upstream: what CoreDNS does beyond that is
+// not shown by the checks using it.
 //
 //	gs-dns -listen 10.0.2.15:53 -server https://127.0.0.1:6443 -ca ca.crt -cert kubelet.crt -key kubelet.key
 package main
@@ -30,28 +33,62 @@ type resolver struct {
 	domain string
 }
 
-// clusterIP: the Service's address, "" when there is none (NXDOMAIN), an error when the API server did not answer.
-func (r *resolver) clusterIP(service, namespace string) (net.IP, error) {
-	resp, err := r.client.Get(fmt.Sprintf("%s/api/v1/namespaces/%s/services/%s", r.server, namespace, service))
+// read: the API server's JSON at path decoded into into; false when it has no such object (404).
+func (r *resolver) read(path string, into any) (bool, error) {
+	resp, err := r.client.Get(r.server + path)
 	if err != nil {
-		return nil, err
+		return false, err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode == http.StatusNotFound {
-		return nil, nil
+		return false, nil
 	}
 	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("API server answered %s", resp.Status)
+		return false, fmt.Errorf("API server answered %s", resp.Status)
 	}
+	return true, json.NewDecoder(resp.Body).Decode(into)
+}
+
+// clusterIP: the Service's address, nil when there is none (NXDOMAIN), an error when the API server did not answer.
+func (r *resolver) clusterIP(service, namespace string) (net.IP, error) {
 	var svc struct {
 		Spec struct {
 			ClusterIP string `json:"clusterIP"`
 		} `json:"spec"`
 	}
-	if err := json.NewDecoder(resp.Body).Decode(&svc); err != nil {
+	found, err := r.read(fmt.Sprintf("/api/v1/namespaces/%s/services/%s", namespace, service), &svc)
+	if !found || err != nil {
 		return nil, err
 	}
 	return net.ParseIP(svc.Spec.ClusterIP).To4(), nil
+}
+
+// podIP: the address of the pod of that hostname under the headless Service named by the subdomain, from that
+// Service's Endpoints (what CoreDNS answers for a pod of a headless Service; a node may read Endpoints, not list
+// pods), nil when there is none yet.
+func (r *resolver) podIP(hostname, subdomain, namespace string) (net.IP, error) {
+	type address struct {
+		IP       string `json:"ip"`
+		Hostname string `json:"hostname"`
+	}
+	var endpoints struct {
+		Subsets []struct {
+			Addresses         []address `json:"addresses"`
+			NotReadyAddresses []address `json:"notReadyAddresses"`
+		} `json:"subsets"`
+	}
+	found, err := r.read(fmt.Sprintf("/api/v1/namespaces/%s/endpoints/%s", namespace, subdomain), &endpoints)
+	if !found || err != nil {
+		return nil, err
+	}
+	for _, subset := range endpoints.Subsets {
+		for _, a := range append(subset.Addresses, subset.NotReadyAddresses...) {
+			if a.Hostname == hostname {
+				return net.ParseIP(a.IP).To4(), nil
+			}
+		}
+	}
+	return nil, nil
 }
 
 // question: the first question's name (lower case, no trailing dot), type, and where it ends.
@@ -97,10 +134,16 @@ func (r *resolver) reply(msg []byte) []byte {
 		return nil
 	}
 	parts := strings.Split(strings.TrimSuffix(name, "."+r.domain), ".")
-	if !strings.HasSuffix(name, "."+r.domain) || len(parts) != 3 || parts[2] != "svc" {
+	if !strings.HasSuffix(name, "."+r.domain) || len(parts) < 3 || len(parts) > 4 || parts[len(parts)-1] != "svc" {
 		return answer(msg, end, 3, nil) // NXDOMAIN: the resolver tries its next search domain
 	}
-	ip, err := r.clusterIP(parts[0], parts[1])
+	var ip net.IP
+	var err error
+	if len(parts) == 4 {
+		ip, err = r.podIP(parts[0], parts[1], parts[2])
+	} else {
+		ip, err = r.clusterIP(parts[0], parts[1])
+	}
 	if err != nil {
 		log.Printf("%s: %v", name, err)
 		return answer(msg, end, 2, nil) // SERVFAIL
